@@ -1,0 +1,102 @@
+"""Argument checks shared by every public operator.
+
+Each check raises with a message that names the argument and the allowed range.
+Checks on values (k, l) run only when the value is concrete (a Python number or a
+concrete array); under ``jit`` with a traced value they are skipped, as in jax.numpy.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def as_float_input(x, name: str = "x") -> jax.Array:
+  """Returns ``x`` as a JAX array with a floating dtype, or raises TypeError."""
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(
+        f"`{name}` must have a floating dtype (float16, bfloat16, float32 or "
+        f"float64); got {x.dtype}. Cast it first, e.g. {name}.astype(jnp.float32)."
+    )
+  if x.ndim == 0:
+    raise ValueError(f"`{name}` must have at least one dimension; got a scalar.")
+  return x
+
+
+def compute_dtype(dtype) -> jnp.dtype:
+  """float32/float64 compute in their own precision; half types in float32."""
+  dtype = jnp.dtype(dtype)
+  if dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+    return dtype
+  return jnp.dtype(jnp.float32)
+
+
+def canonicalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
+  """Maps a possibly negative ``axis`` into [0, ndim), or raises ValueError."""
+  if not isinstance(axis, numbers.Integral) or isinstance(axis, bool):
+    raise TypeError(f"`{name}` must be an int; got {axis!r}.")
+  if not -ndim <= axis < ndim:
+    raise ValueError(
+        f"`{name}`={axis} is out of range for an input with {ndim} dimension(s); "
+        f"allowed: {-ndim} <= {name} < {ndim}."
+    )
+  return int(axis) % ndim
+
+
+def _concrete(value):
+  """Returns a NumPy view of ``value`` if it is concrete, else None (a tracer)."""
+  if isinstance(value, jax.core.Tracer):
+    return None
+  try:
+    return np.asarray(value)
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def check_k(k, n: int, *, integer: bool = False, allow_n: bool = False, name: str = "k"):
+  """Checks 0 < k < n (or 0 < k <= n with ``allow_n``) when k is concrete."""
+  if integer and not (isinstance(k, numbers.Integral) and not isinstance(k, bool)):
+    raise TypeError(f"`{name}` must be a Python int for the hard operators; got {k!r}.")
+  value = _concrete(k)
+  if value is None:
+    return
+  if not np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.complexfloating):
+    raise TypeError(f"`{name}` must be a real number; got {k!r}.")
+  upper_ok = value <= n if allow_n else value < n
+  if not np.all((value > 0) & upper_ok):
+    bound = f"0 < {name} <= n" if allow_n else f"0 < {name} < n"
+    raise ValueError(f"`{name}` must satisfy {bound} with n={n} (the size of the reduced axis); got {k!r}.")
+
+
+def check_positive(value, name: str):
+  """Checks value > 0 (finite) when value is concrete."""
+  concrete = _concrete(value)
+  if concrete is None:
+    return
+  if not np.issubdtype(concrete.dtype, np.number):
+    raise TypeError(f"`{name}` must be a positive real number; got {value!r}.")
+  if not np.all(np.isfinite(concrete) & (concrete > 0)):
+    raise ValueError(f"`{name}` must be finite and > 0; got {value!r}.")
+
+
+def check_p(p) -> float:
+  """Checks that the p-norm exponent is a static real number > 1."""
+  if isinstance(p, jax.core.Tracer):
+    raise TypeError("`p` must be a static Python float (it selects the solver kernel); got a tracer.")
+  try:
+    p = float(p)
+  except (TypeError, ValueError):
+    raise TypeError(f"`p` must be a real number > 1; got {p!r}.") from None
+  if not (np.isfinite(p) and p > 1.0):
+    raise ValueError(f"`p` must satisfy 1 < p < inf; got {p!r}.")
+  return p
+
+
+def check_choice(value, name: str, choices):
+  if value not in choices:
+    raise ValueError(f"`{name}` must be one of {sorted(choices)}; got {value!r}.")
+  return value

@@ -1,0 +1,78 @@
+r"""The public soft top-k operators (functional API over the solver objects)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from implicit_topk import _validation
+from implicit_topk import regularizers
+from implicit_topk import solvers
+
+
+def soft_topk_mask(
+    x,
+    k,
+    *,
+    l=0.1,
+    p: float = 4.0 / 3.0,
+    regularizer=None,
+    axis: int = -1,
+    solver: str = "auto",
+    implicit_diff_backend: str = "lax",
+):
+  r"""Sparse, differentiable top-k mask along ``axis``.
+
+  .. math::
+
+      y^\star(x) = \arg\max_{y \in [0,1]^n,\ \sum_i y_i = k}\ \langle x, y\rangle
+                   - \frac{l}{p} \sum_i |y_i|^p
+      \;=\; \min\Big(1, \big(\tfrac{(x_i - \lambda)_+}{l}\big)^{1/(p-1)}\Big)
+
+  with the threshold :math:`\lambda` chosen so that :math:`\sum_i y_i = k`. Entries
+  below the threshold are exactly 0, clearly-kept entries exactly 1. ``p = 2`` is the
+  Euclidean projection of ``x / l`` onto the capped simplex (kinks); ``p = 4/3``
+  (default) is continuously differentiable. As ``l -> 0`` the mask tends to
+  :func:`hard_topk_mask`; as ``l -> inf`` to ``k / n``.
+
+  Derivatives w.r.t. ``x``, ``k`` and ``l`` come from the implicit function theorem on
+  :math:`\sum_i y_i(\lambda) - k = 0` (one division per row): forward and reverse
+  mode with ``implicit_diff_backend="lax"``, reverse only with ``"jaxopt"``.
+
+  Args:
+    x: float array (float16/bfloat16 are computed in float32 and cast back).
+    k: real number or array broadcastable to the batch shape (``x`` without
+      ``axis``), with 0 < k < n. Need not be an integer.
+    l: regularization strength > 0, scalar or broadcastable to the batch shape.
+    p: p-norm exponent, a static float > 1 (ignored if ``regularizer`` is given).
+    regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
+    axis: the axis along which to select.
+    solver: ``"auto"`` (fastest exact solver for the backend), ``"pav"`` (numba,
+      host callback) or ``"threshold"`` (pure JAX, sort-free Newton).
+    implicit_diff_backend: ``"lax"`` or ``"jaxopt"``.
+
+  Returns:
+    An array with the shape and dtype of ``x``.
+
+  Non-finite inputs: a row containing NaN gives a row of NaN. ``+inf`` entries get
+  1 and ``-inf`` entries 0, the finite entries share the rest of ``k``; a row whose
+  ``+inf`` count exceeds ``k``, or whose count of entries > ``-inf`` is below ``k``,
+  has no threshold and gives NaN.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> soft_topk_mask(jnp.array([-5., -2., 3., 1.]), k=2, l=1e-2)
+    Array([0., 0., 1., 1.], dtype=float32)
+  """
+  x = _validation.as_float_input(x)
+  axis = _validation.canonicalize_axis(axis, x.ndim)
+  n = x.shape[axis]
+  _validation.check_k(k, n)
+  _validation.check_positive(l, "l")
+  regularizer = regularizers.resolve(regularizer, p)
+  solver_obj = solvers.make_solver(
+      solver, regularizer, implicit_diff_backend=implicit_diff_backend)
+
+  dtype = _validation.compute_dtype(x.dtype)
+  moved = jnp.moveaxis(x, axis, -1).astype(dtype)
+  y = solver_obj.mask(moved, jnp.asarray(k, dtype), jnp.asarray(l, dtype))
+  return jnp.moveaxis(y, -1, axis).astype(x.dtype)

@@ -1,0 +1,167 @@
+r"""Pure-JAX threshold solver: safeguarded Newton on :math:`\phi(\lambda)`, no sort.
+
+:math:`\phi(\lambda) = \sum_i \mathrm{mask}((x_i - \lambda)/l) - k` is continuous and
+nonincreasing. With the saturation interval :math:`[z_0, z_1]` of the regularizer,
+
+* :math:`\lambda_{lo} = \min_i x_i - l z_1` puts every finite coordinate at 1, so
+  :math:`\phi(\lambda_{lo}) = \#\{x_i > -\infty\} - k \ge 0`;
+* :math:`\lambda_{hi} = \max_i x_i - l z_0` puts every finite coordinate at 0, so
+  :math:`\phi(\lambda_{hi}) = \#\{x_i = +\infty\} - k \le 0`.
+
+Each iteration makes one fused pass over the row (``phi`` and ``phi'`` together, the
+derivative by ``jax.jvp`` of the regularizer's mask), shrinks the bracket by the sign
+of ``phi``, and takes the Newton step if it stays strictly inside the bracket,
+otherwise bisects. It stops when ``phi == 0``, when a step is below a few ulps of
+``lam``, or when the bracket has collapsed; so the result is exact to floating-point
+precision. For ``p = 2`` the Newton step is the exact root of the current linear piece,
+so the iteration terminates once the partition {0, (0,1), 1} stops changing
+(``proofs/newton_finite_termination_p2.md``). Typical counts: 5-20 passes.
+
+Cost: O(n) memory, O(n) time per pass, no sort, no n x n intermediate. On GPU/TPU
+this is the fast path; on CPU it avoids XLA's slow sort.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from implicit_topk.solvers.base import CappedSimplexSolver
+
+# Sample size for the starting guess (a quantile of a strided subsample).
+_SAMPLE = 256
+
+
+def _phi_and_derivatives(regularizer, lam, x, k, l):
+  """phi(lam) and its first two derivatives in lam, in one fused pass over the row."""
+  z = (x - lam[..., None]) / l[..., None]
+  ones = jnp.ones_like(z)
+  (y, dy), (_, d2y) = jax.jvp(
+      lambda u: jax.jvp(regularizer.mask, (u,), (ones,)), (z,), (ones,))
+  return (jnp.sum(y, axis=-1) - k, -jnp.sum(dy, axis=-1) / l,
+          jnp.sum(d2y, axis=-1) / (l * l))
+
+
+def _bracket(regularizer, x, k, l):
+  """Bracket [lo, hi] of the root, and rows whose answer is known without iterating."""
+  z0, z1 = regularizer.saturation
+  finite = jnp.isfinite(x)
+  any_finite = jnp.any(finite, axis=-1)
+  x_max = jnp.where(any_finite, jnp.max(jnp.where(finite, x, -jnp.inf), axis=-1), 0)
+  x_min = jnp.where(any_finite, jnp.min(jnp.where(finite, x, jnp.inf), axis=-1), 0)
+  lo = x_min - l * z1
+  hi = x_max - l * z0
+  n_pos_inf = jnp.sum(x == jnp.inf, axis=-1).astype(x.dtype)
+  n_not_neg_inf = jnp.sum(x > -jnp.inf, axis=-1).astype(x.dtype)
+  has_nan = jnp.any(jnp.isnan(x), axis=-1)
+  infeasible = has_nan | (n_pos_inf > k) | (n_not_neg_inf < k)
+  at_hi = k == n_pos_inf  # all finite coordinates at 0
+  at_lo = k == n_not_neg_inf  # all finite coordinates at 1
+  known = infeasible | at_hi | at_lo
+  known_value = jnp.where(infeasible, jnp.nan, jnp.where(at_hi, hi, lo))
+  return lo, hi, known, known_value
+
+
+def _initial_guess(regularizer, x, k, l, lo, hi):
+  """k-th largest of a strided subsample of the row, moved into the bracket."""
+  n = x.shape[-1]
+  stride = max(1, n // _SAMPLE)
+  sample = x[..., ::stride]
+  m = sample.shape[-1]
+  sample = jnp.sort(jnp.where(jnp.isnan(sample), -jnp.inf, sample), axis=-1)
+  rank = jnp.clip(jnp.floor(k * (m / n)).astype(jnp.int32), 0, m - 1)
+  quantile = jnp.take_along_axis(sample, (m - 1 - rank)[..., None], axis=-1)[..., 0]
+  z0, z1 = regularizer.saturation
+  guess = quantile - 0.5 * l * (min(z1, 1.0) + max(z0, -1.0))
+  return jnp.clip(jnp.where(jnp.isfinite(guess), guess, 0.5 * (lo + hi)), lo, hi)
+
+
+def _tolerances(dtype):
+  eps = float(np.finfo(np.dtype(dtype)).eps)
+  return 4 * eps, float(np.sqrt(eps))
+
+
+def _newton_step(regularizer, tols, x, k, l, carry):
+  """One safeguarded (Schroeder-)Newton iteration; rows already done stay put.
+
+  A Newton step is taken only if it lands strictly inside the bracket and is at most
+  half the previous step (as in Numerical Recipes' rtsafe; this rules out cycles and
+  slow creeping), otherwise we bisect. A step below a few ulps counts as convergence
+  only if |phi| is small too (a huge slope, e.g. p > 2 near a coordinate leaving 0,
+  could otherwise stall Newton).
+  """
+  step_tol, phi_tol = tols
+  lam, lo, hi, prev_step, done, iter_num = carry
+  phi, dphi, d2phi = _phi_and_derivatives(regularizer, lam, x, k, l)
+  lo = jnp.where(phi > 0, lam, lo)
+  hi = jnp.where(phi < 0, lam, hi)
+  # Newton's step, or Schroeder's (Newton on phi / phi') where that one is longer:
+  # near the degenerate roots phi ~ c (lam - a)^m at which a flat piece of phi starts
+  # (p < 2), Newton converges only linearly and Schroeder's step lands on a.
+  newton_step = phi / jnp.where(dphi < 0, dphi, -1)
+  denominator = dphi * dphi - phi * d2phi
+  schroeder_step = phi * dphi / jnp.where(denominator > 0, denominator, 1)
+  longer = (denominator > 0) & (jnp.abs(schroeder_step) > jnp.abs(newton_step))
+  step = jnp.where(longer, schroeder_step, newton_step)
+  newton = lam - step
+  scale = jnp.abs(lam) + l
+  small_step = jnp.abs(step) <= step_tol * scale
+  small_phi = jnp.abs(phi) <= phi_tol * (k + 1)
+  accept = (dphi < 0) & small_step & small_phi
+  use_newton = accept | ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
+                         & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)))
+  candidate = jnp.where(use_newton, newton, 0.5 * (lo + hi))
+  collapsed = hi - lo <= step_tol * scale
+  converged = (phi == 0) | collapsed | accept
+  new_lam = jnp.where(phi == 0, lam, candidate)
+  prev_step = jnp.where(done, prev_step, candidate - lam)
+  lam = jnp.where(done, lam, new_lam)
+  iter_num = iter_num + jnp.where(done, 0, 1)
+  done = done | converged
+  return lam, lo, hi, prev_step, done, iter_num
+
+
+def _init_carry(regularizer, init, x, k, l):
+  lo, hi, known, known_value = _bracket(regularizer, x, k, l)
+  start = _initial_guess(regularizer, x, k, l, lo, hi) if init is None else jnp.clip(init, lo, hi)
+  lam = jnp.where(known, known_value, start)
+  iter_num = jnp.zeros(lam.shape, jnp.int32)
+  return lam, lo, hi, 2 * (hi - lo), known, iter_num
+
+
+@dataclasses.dataclass(frozen=True)
+class ThresholdSolver(CappedSimplexSolver):
+  """Sort-free safeguarded Newton in ``lax.while_loop`` (pure JAX, any backend).
+
+  Attributes:
+    maxiter: cap on passes over the data (bisection alone needs < 64 in float64 on
+      any finite bracket; Newton usually stops after 5-20).
+  """
+
+  maxiter: int = 100
+
+  def _solve(self, init, x, k, l):
+    tols = _tolerances(x.dtype)
+    carry = _init_carry(self.regularizer, init, x, k, l)
+
+    def cond(carry):
+      *_, done, iter_num = carry
+      return jnp.any(~done & (iter_num < self.maxiter))
+
+    def body(carry):
+      return _newton_step(self.regularizer, tols, x, k, l, carry)
+
+    lam, *_, iter_num = jax.lax.while_loop(cond, body, carry)
+    return lam, iter_num
+
+  def _solve_unrolled(self, init, x, k, l):
+    """``maxiter`` iterations in ``lax.fori_loop``: differentiable by autodiff."""
+    tols = _tolerances(x.dtype)
+    carry = _init_carry(self.regularizer, init, x, k, l)
+    carry = jax.lax.fori_loop(
+        0, self.maxiter, lambda _, c: _newton_step(self.regularizer, tols, x, k, l, c), carry)
+    lam, *_, iter_num = carry
+    return lam, iter_num
