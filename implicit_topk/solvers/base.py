@@ -47,6 +47,11 @@ class RootState(NamedTuple):
   residual: jax.Array
 
 
+def _per_row(value, x):
+  """Broadcasts a per-row quantity to ``x.shape[:-1] + (1,)``."""
+  return jnp.broadcast_to(jnp.asarray(value, x.dtype), x.shape[:-1])[..., None]
+
+
 @dataclasses.dataclass(frozen=True)
 class CappedSimplexSolver:
   """Base class: subclasses implement ``_solve(init, x, k, l) -> (lam, iter_num)``.
@@ -68,8 +73,12 @@ class CappedSimplexSolver:
 
   # -- the problem ------------------------------------------------------------
   def primal(self, lam, x, l):
-    """The mask y_i = mask((x_i - lam) / l) along the last axis of ``x``."""
-    return self.regularizer.mask((x - lam[..., None]) / l[..., None])
+    """The mask y_i = mask((x_i - lam) / l) along the last axis of ``x``.
+
+    NaN propagates (a row without a threshold has ``lam = nan`` and gives NaN).
+    """
+    z = (x - _per_row(lam, x)) / _per_row(l, x)
+    return jnp.where(jnp.isnan(z), z, self.regularizer.mask(z))
 
   def optimality_fun(self, lam, x, k, l):
     """phi(lam) = sum_i y_i(lam) - k, one entry per row; zero at the solution."""
@@ -122,6 +131,4 @@ class CappedSimplexSolver:
   def mask(self, x, k, l, init_params=None):
     """The soft top-k mask along the last axis: ``primal(run(...).params, x, l)``."""
     x = jnp.asarray(x)
-    lam = self.run(init_params, x, k, l).params
-    l = jnp.broadcast_to(jnp.asarray(l, x.dtype), x.shape[:-1])
-    return self.primal(lam, x, l)
+    return self.primal(self.run(init_params, x, k, l).params, x, l)
