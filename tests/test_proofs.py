@@ -1,0 +1,33 @@
+"""Run each companion script of ``proofs/``; a script raises AssertionError on failure.
+
+The scripts run in this process (``runpy``), so the library's compiled kernels and
+JAX caches are shared between them. They need float64, which is turned on here (the
+suite's conftest does the same) and again by the scripts themselves.
+"""
+
+import pathlib
+import runpy
+
+import jax
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+
+PROOFS = pathlib.Path(__file__).resolve().parents[1] / "proofs"
+NAMES = [
+    "threshold_form",
+    "isotonic_dual",
+    "implicit_gradient",
+    "newton_finite_termination_p2",
+    "limits",
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_proof_script(name, capsys):
+    script = PROOFS / f"{name}.py"
+    assert script.is_file(), f"missing {script}"
+    assert (PROOFS / f"{name}.md").is_file(), f"missing the derivation {name}.md"
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(f"{name}: OK"), out
