@@ -12,6 +12,8 @@ The callback runs on the host: on GPU/TPU prefer the ``"threshold"`` solver.
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -20,15 +22,32 @@ import numpy as np
 from implicit_topk.solvers.base import CappedSimplexSolver
 
 
-def _host_threshold(p, x, k, l):
+# numba's default OpenMP layer spin-waits: on a loaded 2-core machine every call then
+# costs ~8 ms (benchmarks/results/cpu_pav_workqueue.md). The workqueue layer does not,
+# but must never be entered concurrently, hence the lock. A user's explicit
+# NUMBA_THREADING_LAYER is respected.
+_KERNEL_LOCK = threading.Lock()
+
+
+def _kernels():
+  import numba
+  if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "workqueue"
   from implicit_topk.solvers import pav_kernels  # numba compiles on first use
+  return pav_kernels
+
+
+def _host_threshold(p, x, k, l):
+  pav_kernels = _kernels()
 
   x = np.asarray(x)
   batch_shape, n = x.shape[:-1], x.shape[-1]
   rows = x.reshape(-1, n)
   k = np.broadcast_to(np.asarray(k, np.float64), batch_shape).reshape(-1)
   l = np.broadcast_to(np.asarray(l, np.float64), batch_shape).reshape(-1)
-  lam = pav_kernels.capped_simplex_threshold(rows, np.ascontiguousarray(k), np.ascontiguousarray(l), p)
+  with _KERNEL_LOCK:
+    lam = pav_kernels.capped_simplex_threshold(
+        rows, np.ascontiguousarray(k), np.ascontiguousarray(l), p)
   return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
 
 
