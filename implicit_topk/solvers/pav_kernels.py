@@ -348,6 +348,21 @@ def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
 
 
 @njit(cache=True, inline="always")
+def _pav_blocks(solve, s, w, l, a, pm1, polish_steps, moments3):
+    """Allocates the block workspace for one row of length len(s) and runs PAV.
+
+    Returns (number of blocks, block start indices, block values).
+    """
+    n = s.shape[0]
+    bstart = np.empty(n, dtype=np.int64)
+    n3 = n if moments3 else 1
+    bv = np.empty(n)
+    nb = _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
+                  bstart, np.empty(n), np.empty(n), np.empty(n3), np.empty(n3), bv)
+    return nb, bstart, bv
+
+
+@njit(cache=True, inline="always")
 def _iso_row(solve, s, w, l, a, pm1, polish_steps, moments3, out):
     n = s.shape[0]
     ok = l > 0.0 and l < np.inf
@@ -357,15 +372,7 @@ def _iso_row(solve, s, w, l, a, pm1, polish_steps, moments3, out):
     if not ok:
         out[:] = np.nan
         return
-    bstart = np.empty(n, dtype=np.int64)
-    bW = np.empty(n)
-    bmean = np.empty(n)
-    n3 = n if moments3 else 1
-    bM2 = np.empty(n3)
-    bM3 = np.empty(n3)
-    bv = np.empty(n)
-    nb = _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
-                  bstart, bW, bmean, bM2, bM3, bv)
+    nb, bstart, bv = _pav_blocks(solve, s, w, l, a, pm1, polish_steps, moments3)
     for j in range(nb):
         i1 = bstart[j + 1] if j + 1 < nb else n
         for i in range(bstart[j], i1):
@@ -466,15 +473,7 @@ def _capped_row(solve, xs, k, l, a, pm1, polish_steps, moments3):
     w[:kwi] = 1.0
     if frac > 0.0:
         w[kwi] = frac
-    bstart = np.empty(m, dtype=np.int64)
-    bW = np.empty(m)
-    bmean = np.empty(m)
-    m3 = m if moments3 else 1
-    bM2 = np.empty(m3)
-    bM3 = np.empty(m3)
-    bv = np.empty(m)
-    nb = _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
-                  bstart, bW, bmean, bM2, bM3, bv)
+    nb, bstart, bv = _pav_blocks(solve, s, w, l, a, pm1, polish_steps, moments3)
     # the (unique) block holding fractional y: a merged block, or the
     # singleton carrying the fractional weight f.  Singletons with weight 0/1
     # have y = 0/1 exactly (decided structurally, not from rounded y).
