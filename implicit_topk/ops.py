@@ -38,6 +38,13 @@ def soft_topk_mask(
   :math:`\sum_i y_i(\lambda) - k = 0` (one division per row): forward and reverse
   mode with ``implicit_diff_backend="lax"``, reverse only with ``"jaxopt"``.
 
+  Where the solution is binary (every :math:`y_i \in \{0, 1\}`, which needs an
+  integer ``k`` and a gap wider than ``l`` between the k-th and (k+1)-th largest
+  entries), ``y`` is locally constant in ``x`` and ``l`` (derivative 0, exact) but not
+  differentiable in ``k``: raising ``k`` lifts the (k+1)-th largest entry, lowering it
+  lowers the k-th. There the derivative w.r.t. ``k`` is returned as 0. To learn ``k``
+  by gradient, keep it fractional or ``l`` large enough that some entry is fractional.
+
   Args:
     x: float array (float16/bfloat16 are computed in float32 and cast back).
     k: real number or array broadcastable to the batch shape (``x`` without

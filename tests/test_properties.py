@@ -231,9 +231,6 @@ def test_sums_to_k(solver, p, prob):
 @example((np.array([[0.0, 0.0546875, 0.0546875, 0.0546875, 0.0546875]] * 3),
           np.array([4.0, 4.0, 1.0]), np.array([0.0546875, 0.0546875, 0.1])))
 def test_matches_bisection_reference(solver, p, prob):
-  if solver == "pav" and p == 3.0:
-    pytest.xfail("known bug (open): PAV general-p block solver accepts a tiny Newton step "
-                 "without a small residual when an entry is ~1e-40 (x=[0.25, 1e-40], p=3)")
   x, k, l = prob
   y = soft(x, k, l, p=p, solver=solver)
   assert_close_cond(y, reference_mask(x, k, l, p), l, p, _delta(x, l))
@@ -337,9 +334,6 @@ _TINY_PAIRS = (np.array([[1.0, 1e-175], [1e-175, 1e-175], [1e-175, 1e-175]]),
 @example(_SEPARATED_PAIRS)
 @example(_TINY_PAIRS)
 def test_exact_zeros_and_ones_without_threshold(solver, p, prob):
-  if solver == "threshold" and p != 3.0:
-    pytest.xfail("known bug (open): the threshold solver stops at phi == 0 with lam a few "
-                 "ulps outside the flat root interval, leaving values like 9e-48 for exact 0")
   """Sufficient conditions that do not use lam.
 
   If #{j : x_j >= x_i + l} >= k then y_i == 0: otherwise lam < x_i, every such j has

@@ -157,6 +157,24 @@ def test_gradient_is_zero_where_every_coordinate_is_saturated():
   assert np.array_equal(np.asarray(g), np.zeros((4, 4)))
 
 
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_k_derivative_at_a_binary_solution_is_the_documented_zero(solver):
+  """Binary solution (integer k, gap > l): y is not differentiable in k there.
+
+  The one-sided derivatives are e_(k+1) (raising k lifts the (k+1)-th largest entry)
+  and e_(k) (lowering k lowers the k-th largest); we document and return 0.
+  """
+  x = jnp.array([3.0, -1.0, 1.0, -3.0], jnp.float64)
+  f = lambda k: itk.soft_topk_mask(x, k, l=0.1, solver=solver)
+  h = 1e-4
+  right = (f(2.0 + h) - f(2.0)) / h
+  left = (f(2.0) - f(2.0 - h)) / h
+  np.testing.assert_allclose(right, [0.0, 1.0, 0.0, 0.0], atol=1e-6)  # -1 is 3rd largest
+  np.testing.assert_allclose(left, [0.0, 0.0, 1.0, 0.0], atol=1e-6)   # 1 is 2nd largest
+  assert np.array_equal(np.asarray(jax.jacfwd(f)(2.0)), np.zeros(4))
+  assert np.array_equal(np.asarray(jax.jacrev(f)(2.0)), np.zeros(4))
+
+
 def test_unrolled_threshold_gradient_converges_to_the_implicit_one():
   x = _random_rows(9, (2, 12))
   w = _random_rows(10, (2, 12))

@@ -211,8 +211,9 @@ def _solve_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
     rounding puts it marginally outside, the nearest bracket end is returned,
     which is within rounding of the root).  Newton steps are taken while they
     stay inside the (shrinking) bracket and at least halve |F|; otherwise the
-    bracket is bisected.  Stops when a step or the bracket is below
-    4 eps * scale.
+    bracket is bisected.  Stops when the bracket is below 4 eps * scale, or
+    when a Newton step is below that and |F| is at rounding level,
+    |F| <= 16 eps (|W| + |B|).
     """
     if not (lo < hi):
         return lo
@@ -245,7 +246,13 @@ def _solve_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
             vn = 0.5 * (lo + hi)
         Fprev = F
         if abs(vn - v) <= tol:
-            return vn
+            # A step at rounding level is convergence only if the residual is
+            # small too: near an entry leaving 0 with a < 1 (p > 2) the slope
+            # dG is huge (~|z|^(a-1)) and the Newton step is tiny although F
+            # is not; bisect instead (found by hypothesis: x=[0.25, 1e-40]).
+            if abs(F) <= 16.0 * _EPS * (abs(W) + m):
+                return vn
+            vn = 0.5 * (lo + hi)
         v = vn
     return v
 

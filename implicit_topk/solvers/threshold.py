@@ -125,11 +125,37 @@ def _newton_step(regularizer, tols, x, k, l, carry):
 
 
 def _init_carry(regularizer, init, x, k, l):
+  """The loop carry, and the rows whose answer is known without iterating."""
   lo, hi, known, known_value = _bracket(regularizer, x, k, l)
   start = _initial_guess(regularizer, x, k, l, lo, hi) if init is None else jnp.clip(init, lo, hi)
   lam = jnp.where(known, known_value, start)
   iter_num = jnp.zeros(lam.shape, jnp.int32)
-  return lam, lo, hi, 2 * (hi - lo), known, iter_num
+  return (lam, lo, hi, 2 * (hi - lo), known, iter_num), known
+
+
+def _snap_to_binary(regularizer, lam, x, k, l, known):
+  r"""Moves ``lam`` to the middle of the flat root interval when the solution is binary.
+
+  With integer ``k`` and a gap wider than the saturation interval between the k-th and
+  (k+1)-th largest entries, :math:`\phi` is zero on a whole interval
+  :math:`[A, B]`, :math:`A = \max_{i \notin S} x_i - l z_0`,
+  :math:`B = \min_{i \in S} x_i - l z_1` (``S`` the top-k set), and the solution is
+  the exact 0/1 mask. An iteration that stops where ``phi`` rounds to 0 can land a few
+  ulps outside ``[A, B]``, leaving values like 1e-47 for an exact 0. One extra pass
+  certifies the binary solution (``|S| = k`` and ``A <= B``, which by uniqueness of the
+  solution means it *is* the solution) and returns ``(A + B) / 2``; other rows keep
+  ``lam``. Regularizers with an infinite saturation interval never give binary
+  solutions and are returned unchanged.
+  """
+  z0, z1 = regularizer.saturation
+  if not (np.isfinite(z0) and np.isfinite(z1)):
+    return lam
+  top = x - lam[..., None] > 0.5 * (z0 + z1) * l[..., None]
+  count = jnp.sum(top, axis=-1).astype(x.dtype)
+  a = jnp.max(jnp.where(top, -jnp.inf, x), axis=-1) - l * z0
+  b = jnp.min(jnp.where(top, x, jnp.inf), axis=-1) - l * z1
+  binary = (count == k) & (a <= b) & jnp.isfinite(a) & jnp.isfinite(b) & ~known
+  return jnp.where(binary, 0.5 * (a + b), lam)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +171,7 @@ class ThresholdSolver(CappedSimplexSolver):
 
   def _solve(self, init, x, k, l):
     tols = _tolerances(x.dtype)
-    carry = _init_carry(self.regularizer, init, x, k, l)
+    carry, known = _init_carry(self.regularizer, init, x, k, l)
 
     def cond(carry):
       *_, done, iter_num = carry
@@ -155,13 +181,13 @@ class ThresholdSolver(CappedSimplexSolver):
       return _newton_step(self.regularizer, tols, x, k, l, carry)
 
     lam, *_, iter_num = jax.lax.while_loop(cond, body, carry)
-    return lam, iter_num
+    return _snap_to_binary(self.regularizer, lam, x, k, l, known), iter_num
 
   def _solve_unrolled(self, init, x, k, l):
     """``maxiter`` iterations in ``lax.fori_loop``: differentiable by autodiff."""
     tols = _tolerances(x.dtype)
-    carry = _init_carry(self.regularizer, init, x, k, l)
+    carry, known = _init_carry(self.regularizer, init, x, k, l)
     carry = jax.lax.fori_loop(
         0, self.maxiter, lambda _, c: _newton_step(self.regularizer, tols, x, k, l, c), carry)
     lam, *_, iter_num = carry
-    return lam, iter_num
+    return _snap_to_binary(self.regularizer, lam, x, k, l, known), iter_num
