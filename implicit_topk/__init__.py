@@ -7,11 +7,11 @@ PAV or a pure-JAX threshold Newton) and differentiated implicitly.
 from implicit_topk.hard import hard_topk_mag, hard_topk_mask
 from implicit_topk.ops import soft_topk_mask
 from implicit_topk.regularizers import PNorm
-from implicit_topk.solvers import OptStep, PAVSolver, RootState, ThresholdSolver
+from implicit_topk.solvers import DykstraSolver, OptStep, PAVSolver, RootState, ThresholdSolver
 
 __version__ = "0.1.0"
 
 __all__ = [
     "soft_topk_mask", "hard_topk_mask", "hard_topk_mag", "PNorm",
-    "PAVSolver", "ThresholdSolver", "OptStep", "RootState",
+    "PAVSolver", "ThresholdSolver", "DykstraSolver", "OptStep", "RootState",
 ]

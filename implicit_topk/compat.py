@@ -30,6 +30,20 @@ def sparse_soft_topk_mask_pav(x, k, l=1e-1, p=4 / 3, bisect_max_iter=50):
   return _ops.soft_topk_mask(_as_float(x), k, l=l, p=p, solver="pav")
 
 
+def sparse_soft_topk_mask_dykstra(x, k, l=1e-1, num_iter=500):
+  """Soft top-k mask (p = 2) along the last axis by Dykstra's algorithm.
+
+  As in the reference, ``num_iter`` counts single projections, so ``num_iter // 2``
+  sweeps run, with no early stop (``tol=0``). Unlike the reference, any leading batch
+  shape works without ``vmap``, and the output is the threshold map at Dykstra's
+  threshold, so it is exactly 0 and 1 where the reference prints 0.99999905.
+  """
+  if not (isinstance(num_iter, int) and num_iter >= 2):
+    raise ValueError(f"`num_iter` must be an int >= 2; got {num_iter!r}.")
+  return _ops.soft_topk_mask(_as_float(x), k, l=l, p=2.0, solver="dykstra", tol=0.0,
+                             maxiter=num_iter // 2)
+
+
 def hard_topk_mask(x, k):
   """Hard top-k mask along the last axis."""
   return _hard.hard_topk_mask(_as_float(x), k)

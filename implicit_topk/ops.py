@@ -18,7 +18,11 @@ def soft_topk_mask(
     regularizer=None,
     axis: int = -1,
     solver: str = "auto",
+    diff: str = "implicit",
+    tol: float | None = None,
+    maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
+    return_info: bool = False,
 ):
   r"""Sparse, differentiable top-k mask along ``axis``.
 
@@ -54,11 +58,23 @@ def soft_topk_mask(
     regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
     axis: the axis along which to select.
     solver: ``"auto"`` (fastest exact solver for the backend), ``"pav"`` (numba,
-      host callback) or ``"threshold"`` (pure JAX, sort-free Newton).
+      host callback), ``"threshold"`` (pure JAX, sort-free Newton) or ``"dykstra"``
+      (pure JAX, ``p = 2`` only, approximate: stops at ``tol``).
+    diff: ``"implicit"`` (default: implicit function theorem at the solver's output)
+      or ``"unrolled"`` (autodiff through exactly ``maxiter`` iterations of
+      ``"threshold"`` or ``"dykstra"``; memory grows with ``maxiter``).
+    tol: Dykstra's tolerance (default 1e-6): it stops once
+      :math:`|\sum_i y_i - k| \le` ``tol``, which bounds the L1 error of the mask.
+    maxiter: iteration cap of ``"threshold"`` (default 100) or ``"dykstra"`` (default
+      10000 sweeps; check ``return_info`` to see whether it was reached).
     implicit_diff_backend: ``"lax"`` or ``"jaxopt"``.
+    return_info: also return the solver's :class:`RootState` (``iter_num``: passes
+      or sweeps made, ``residual``: :math:`|\sum_i y_i - k|`), one entry per row of
+      the batch shape (``x`` without ``axis``).
 
   Returns:
-    An array with the shape and dtype of ``x``.
+    An array with the shape and dtype of ``x``; with ``return_info``, the pair
+    ``(mask, RootState)``.
 
   Non-finite inputs: a row containing NaN gives a row of NaN. ``+inf`` entries get
   1 and ``-inf`` entries 0, the finite entries share the rest of ``k``; a row whose
@@ -77,9 +93,13 @@ def soft_topk_mask(
   _validation.check_positive(l, "l")
   regularizer = regularizers.resolve(regularizer, p)
   solver_obj = solvers.make_solver(
-      solver, regularizer, implicit_diff_backend=implicit_diff_backend)
+      solver, regularizer, implicit_diff_backend=implicit_diff_backend, diff=diff,
+      tol=tol, maxiter=maxiter)
 
   dtype = _validation.compute_dtype(x.dtype)
   moved = jnp.moveaxis(x, axis, -1).astype(dtype)
-  y = solver_obj.mask(moved, jnp.asarray(k, dtype), jnp.asarray(l, dtype))
-  return jnp.moveaxis(y, -1, axis).astype(x.dtype)
+  k, l = jnp.asarray(k, dtype), jnp.asarray(l, dtype)
+  step = solver_obj.run(None, moved, k, l)
+  y = solver_obj.primal(step.params, moved, l)
+  y = jnp.moveaxis(y, -1, axis).astype(x.dtype)
+  return (y, step.state) if return_info else y

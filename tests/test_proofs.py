@@ -20,6 +20,7 @@ NAMES = [
     "implicit_gradient",
     "newton_finite_termination_p2",
     "limits",
+    "dykstra_stopping",
 ]
 
 

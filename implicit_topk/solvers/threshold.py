@@ -45,7 +45,7 @@ def _phi_and_derivatives(regularizer, lam, x, k, l):
           jnp.sum(d2y, axis=-1) / (l * l))
 
 
-def _bracket(regularizer, x, k, l):
+def bracket(regularizer, x, k, l):
   """Bracket [lo, hi] of the root, and rows whose answer is known without iterating."""
   z0, z1 = regularizer.saturation
   finite = jnp.isfinite(x)
@@ -126,7 +126,7 @@ def _newton_step(regularizer, tols, x, k, l, carry):
 
 def _init_carry(regularizer, init, x, k, l):
   """The loop carry, and the rows whose answer is known without iterating."""
-  lo, hi, known, known_value = _bracket(regularizer, x, k, l)
+  lo, hi, known, known_value = bracket(regularizer, x, k, l)
   start = _initial_guess(regularizer, x, k, l, lo, hi) if init is None else jnp.clip(init, lo, hi)
   lam = jnp.where(known, known_value, start)
   iter_num = jnp.zeros(lam.shape, jnp.int32)
