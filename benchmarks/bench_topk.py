@@ -6,7 +6,8 @@ warm-up, the forward pass and the forward+backward pass (the gradient of
 ``sum(y * w)`` for a fixed random ``w``) of
 
 * ``soft_topk_mask`` with ``solver="pav"`` and ``solver="threshold"``, ``p = 4/3`` and
-  ``p = 2`` (``l = 0.1``, ``k = max(1, n // 100)``, float32);
+  ``p = 2``, and ``solver="dykstra"`` (``p = 2``, ``tol = 1e-6``) (``l = 0.1``,
+  ``k = max(1, n // 100)``, float32);
 * the hard mask users would otherwise write: ``jax.lax.top_k`` + a scatter of ones
   (its gradient is zero, so the backward pass is timed on ``x * mask``);
 * ``jnp.sort`` along the last axis (a lower bound for any sort-based method);
@@ -136,6 +137,7 @@ METHODS = {
     "soft pav p=2": make_soft_builder("pav", 2.0),
     "soft threshold p=4/3": make_soft_builder("threshold", 4.0 / 3.0),
     "soft threshold p=2": make_soft_builder("threshold", 2.0),
+    "soft dykstra p=2 (tol 1e-6)": make_soft_builder("dykstra", 2.0),
     "jaxopt box_section p=2": build_jaxopt,
 }
 # Methods whose output is a mask summing to k along the last axis (sanity column).
@@ -144,6 +146,7 @@ MASK_METHODS = {m for m in METHODS if m != "jnp.sort"}
 SOLVER_OF = {
     "soft pav p=4/3": "pav", "soft pav p=2": "pav",
     "soft threshold p=4/3": "threshold", "soft threshold p=2": "threshold",
+    "soft dykstra p=2 (tol 1e-6)": "dykstra",
 }
 
 
@@ -411,8 +414,8 @@ def parse_args(argv=None):
                   help="target seconds of timed calls per measurement; repeats = "
                   "budget / one call, clipped to [min-repeats, repeats] "
                   "(default 1.5; 0.2 with --quick)")
-  ap.add_argument("--solvers", default="pav,threshold",
-                  help="comma-separated soft solvers to run (pav, threshold); "
+  ap.add_argument("--solvers", default="pav,threshold,dykstra",
+                  help="comma-separated soft solvers to run (pav, threshold, dykstra); "
                   "the baselines (hard, sort, jaxopt) always run")
   ap.add_argument("--methods", default=None,
                   help="comma-separated substrings; run only methods whose name "
@@ -449,9 +452,9 @@ def parse_args(argv=None):
     opts.max_elements = float("inf")
   opts.min_repeats = max(1, min(opts.min_repeats, opts.repeats))
   solvers = {s.strip() for s in opts.solvers.split(",") if s.strip()}
-  unknown = solvers - {"pav", "threshold"}
+  unknown = solvers - {"pav", "threshold", "dykstra"}
   if unknown:
-    ap.error(f"unknown solvers {sorted(unknown)}; choose from pav, threshold")
+    ap.error(f"unknown solvers {sorted(unknown)}; choose from pav, threshold, dykstra")
   opts.solvers = sorted(solvers)
   return opts
 
