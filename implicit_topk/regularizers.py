@@ -16,24 +16,57 @@ For a strictly convex separable :math:`\omega` the solution is a threshold map
     g = (\omega')^{-1},
 
 with :math:`\lambda` the root of :math:`\phi(\lambda) = \sum_i y_i(\lambda) - k`.
-A regularizer therefore gives a solver two things:
+A regularizer is one small object with (the :class:`Regularizer` protocol):
 
-* ``mask(z)``: the clipped map :math:`z \mapsto \mathrm{clip}(g(z), 0, 1)`, written
-  with safe branches so that its derivatives are finite everywhere;
+* ``mask(z)``: the clipped map :math:`z \mapsto \mathrm{clip}(g(z), 0, 1)` in
+  ``jax.numpy``, written with safe branches so that its derivatives are finite
+  everywhere (the threshold solver's Newton steps and every derivative of the
+  operators come from it by autodiff);
 * ``saturation``: the interval :math:`[z_0, z_1]` outside which the mask is exactly
-  0 (below) or 1 (above), used to bracket :math:`\lambda`.
+  0 (below) or 1 (above); ``-inf``/``inf`` where it never is (entropy never gives an
+  exact 0, the sigmoid neither 0 nor 1);
+* ``omega_prime(t)``: :math:`\omega'(t)` on :math:`(0, 1)`, which brackets the
+  threshold for any regularizer: at :math:`\lambda = \min_i x_i - l\,\omega'(k/n)`
+  every :math:`y_i \ge k/n`, at :math:`\max_i x_i - l\,\omega'(k/n)` every
+  :math:`y_i \le k/n`;
+* ``omega(y)``: the regularizer itself (objective values, Fenchel-Young losses);
+* ``pav_link`` (optional): the link :math:`z \mapsto (g(z), g'(z))` on the whole
+  real line as a numba-compiled function, for the exact ``"pav"`` solver
+  (:mod:`implicit_topk.solvers.pav_kernels` solves each PAV block with it). Built-in
+  regularizers name a built-in link instead (``pav_kind``).
 
-Solvers never look inside a regularizer beyond this interface (and, for the numba
-PAV solver, ``pav_exponent``).
+Solvers never look inside a regularizer beyond this interface, so a user-defined
+regularizer (a dataclass with these members) works with ``solver="threshold"`` (and
+with ``"pav"`` if it has ``pav_link``) without touching any solver.
+
+Built-ins: :class:`PNorm` (sparse; ``p = 2`` Euclidean, ``p = 4/3`` smooth),
+:class:`Entropy` (``min(1, exp)``: softmax at ``k = 1``), :class:`BinaryEntropy`
+(sigmoid, Fermi-Dirac) and :class:`Laplace` (the Laplace CDF, "LapSum").
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol, runtime_checkable
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from implicit_topk import _validation
+
+
+@runtime_checkable
+class Regularizer(Protocol):
+  """What the solvers need from a separable regularizer (see the module docstring)."""
+
+  saturation: tuple[float, float]
+
+  def mask(self, z: jax.Array) -> jax.Array: ...
+
+  def omega_prime(self, t): ...
+
+  def omega(self, y): ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +102,17 @@ class PNorm:
     """The p handed to the numba PAV kernels."""
     return self.p
 
+  @property
+  def pav_kind(self) -> tuple[str, float]:
+    """The numba PAV kernel: closed forms for p = 2 and 4/3, Newton for other p."""
+    return ("pnorm", self.p)
+
+  def omega_prime(self, t):
+    return jnp.power(t, self.p - 1.0)
+
+  def omega(self, y):
+    return jnp.abs(y) ** self.p / self.p
+
   def mask(self, z):
     """clip(g(z), 0, 1) = min(1, max(z, 0) ** a), with finite derivatives."""
     inside = (z > 0) & (z < 1)
@@ -82,13 +126,116 @@ class PNorm:
     return jnp.where(z >= 1, one, jnp.where(inside, y_inside, jnp.zeros_like(z)))
 
 
-def resolve(regularizer, p) -> PNorm:
-  """Returns the regularizer object: ``regularizer`` if given, else ``PNorm(p)``."""
+def _safe_exp_below(z, top):
+  """exp(z) for z < top, with the argument clamped so the unused branch stays finite."""
+  return jnp.exp(jnp.minimum(z, top))
+
+
+@dataclasses.dataclass(frozen=True)
+class Entropy:
+  r""":math:`\omega(y) = y \log y - y` on :math:`[0, 1]`: :math:`y_i = \min(1, e^{(x_i - \lambda)/l})`.
+
+  Never exactly 0 (dense), exactly 1 for the clearly kept entries; kinks where an
+  entry reaches 1. ``k = 1`` gives ``softmax(x / l)`` exactly (no entry can reach 1
+  before the others vanish). Seed 001's "ThreTopK with min(1, e^x)"; on each piece
+  of the partition {1, (0,1)} the threshold has the closed form
+  :math:`\lambda = l \log\sum_{i \notin O} e^{x_i/l} - l \log(k - |O|)`.
+  """
+
+  saturation = (-float("inf"), 0.0)
+  pav_kind = ("link", "exp")
+
+  def mask(self, z):
+    return jnp.where(z >= 0, jnp.ones_like(z), _safe_exp_below(z, 0.0))
+
+  def omega_prime(self, t):
+    return jnp.log(t)
+
+  def omega(self, y):
+    return jax.scipy.special.xlogy(y, y) - y
+
+
+@dataclasses.dataclass(frozen=True)
+class BinaryEntropy:
+  r""":math:`\omega(y) = y \log y + (1 - y) \log(1 - y)`: :math:`y_i = \sigma((x_i - \lambda)/l)`.
+
+  The Fermi-Dirac / sigmoid mask (seed 001 "ThreTopK with sigmoid"): smooth
+  (:math:`C^\infty`) and dense, never exactly 0 or 1.
+  """
+
+  saturation = (-float("inf"), float("inf"))
+  pav_kind = ("link", "sigmoid")
+
+  def mask(self, z):
+    return jax.nn.sigmoid(z)
+
+  def omega_prime(self, t):
+    return jnp.log(t) - jnp.log1p(-t)
+
+  def omega(self, y):
+    return jax.scipy.special.xlogy(y, y) + jax.scipy.special.xlogy(1 - y, 1 - y)
+
+
+@dataclasses.dataclass(frozen=True)
+class Laplace:
+  r"""The Laplace CDF: :math:`y_i = F((x_i - \lambda)/l)`, :math:`F(z) = e^z/2` for
+  :math:`z < 0` and :math:`1 - e^{-z}/2` for :math:`z \ge 0`.
+
+  Seed 001's "both worlds" (also known as LapSum): :math:`C^1`, dense, and on each
+  piece of the partition {z < 0, z >= 0} the threshold solves a quadratic in
+  :math:`e^{\lambda/l}` (closed form). :math:`\omega` is the integral of
+  :math:`F^{-1}`: :math:`t \log 2t - t` below 1/2, :math:`(1-t)\log 2(1-t) - (1-t)`
+  above.
+  """
+
+  saturation = (-float("inf"), float("inf"))
+  pav_kind = ("link", "laplace")
+
+  def mask(self, z):
+    lower = 0.5 * _safe_exp_below(z, 0.0)
+    upper = 1.0 - 0.5 * jnp.exp(-jnp.maximum(z, 0.0))
+    return jnp.where(z < 0, lower, upper)
+
+  def omega_prime(self, t):
+    below = t < 0.5
+    return jnp.where(below, jnp.log(2 * jnp.where(below, t, 0.25)),
+                     -jnp.log(2 * (1 - jnp.where(below, 0.75, t))))
+
+  def omega(self, y):
+    xlogy = jax.scipy.special.xlogy
+    lower = xlogy(y, 2 * y) - y
+    upper = xlogy(1 - y, 2 * (1 - y)) - (1 - y)
+    return jnp.where(y < 0.5, lower, upper)
+
+
+BUILTINS = {"pnorm": PNorm, "entropy": Entropy, "binary_entropy": BinaryEntropy,
+            "sigmoid": BinaryEntropy, "laplace": Laplace}
+
+
+def resolve(regularizer, p) -> Any:
+  """Returns the regularizer object.
+
+  ``None`` gives ``PNorm(p)``; a string names a built-in (``"entropy"``,
+  ``"sigmoid"``/``"binary_entropy"``, ``"laplace"``, ``"pnorm"`` with this ``p``); an
+  object must provide ``mask(z)`` and ``saturation`` (and ``omega_prime(t)`` where the
+  saturation interval is infinite).
+  """
   if regularizer is None:
     return PNorm(p)
+  if isinstance(regularizer, str):
+    if regularizer not in BUILTINS:
+      raise ValueError(f"`regularizer` must be one of {sorted(BUILTINS)} or an object; "
+                       f"got {regularizer!r}.")
+    return PNorm(p) if regularizer == "pnorm" else BUILTINS[regularizer]()
   if not (hasattr(regularizer, "mask") and hasattr(regularizer, "saturation")):
     raise TypeError(
         "`regularizer` must provide `mask(z)` and `saturation` (see "
         f"implicit_topk.regularizers); got {regularizer!r}."
     )
+  z0, z1 = regularizer.saturation
+  if not (z0 < z1):
+    raise ValueError(f"`regularizer.saturation` must be an interval z0 < z1; got {(z0, z1)}.")
+  if not (np.isfinite(z0) and np.isfinite(z1)) and not hasattr(regularizer, "omega_prime"):
+    raise TypeError("`regularizer` has an infinite saturation interval, so it must provide "
+                    f"`omega_prime(t)` to bracket the threshold; got {regularizer!r}.")
   return regularizer

@@ -46,20 +46,36 @@ def _phi_and_derivatives(regularizer, lam, x, k, l):
 
 
 def bracket(regularizer, x, k, l):
-  """Bracket [lo, hi] of the root, and rows whose answer is known without iterating."""
+  """Bracket [lo, hi] of the root, and rows whose answer is known without iterating.
+
+  With ``n_f`` finite entries sharing ``k_f = k - #(+inf)``, a finite saturation end
+  gives the bracket end ``min x - l z1`` / ``max x - l z0``; an infinite one uses
+  ``omega'``: at ``min x - l omega'(k_f/n_f)`` every finite y is >= k_f/n_f, at
+  ``max x - l omega'(k_f/n_f)`` every finite y is <= k_f/n_f. Rows where the finite
+  entries must all be 0 (or all 1) are known: the saturation end where it is finite,
+  NaN (no finite threshold) where it is not.
+  """
   z0, z1 = regularizer.saturation
   finite = jnp.isfinite(x)
   any_finite = jnp.any(finite, axis=-1)
   x_max = jnp.where(any_finite, jnp.max(jnp.where(finite, x, -jnp.inf), axis=-1), 0)
   x_min = jnp.where(any_finite, jnp.min(jnp.where(finite, x, jnp.inf), axis=-1), 0)
-  lo = x_min - l * z1
-  hi = x_max - l * z0
   n_pos_inf = jnp.sum(x == jnp.inf, axis=-1).astype(x.dtype)
   n_not_neg_inf = jnp.sum(x > -jnp.inf, axis=-1).astype(x.dtype)
+  if np.isfinite(z0) and np.isfinite(z1):
+    lo, hi = x_min - l * z1, x_max - l * z0
+  else:
+    level = jnp.clip((k - n_pos_inf) / jnp.maximum(n_not_neg_inf - n_pos_inf, 1), 0.25, 0.75)
+    level = jnp.where((k > n_pos_inf) & (k < n_not_neg_inf),
+                      (k - n_pos_inf) / jnp.maximum(n_not_neg_inf - n_pos_inf, 1), level)
+    shift = l * jnp.asarray(regularizer.omega_prime(level), x.dtype)
+    lo = x_min - l * z1 if np.isfinite(z1) else x_min - shift
+    hi = x_max - l * z0 if np.isfinite(z0) else x_max - shift
   has_nan = jnp.any(jnp.isnan(x), axis=-1)
-  infeasible = has_nan | (n_pos_inf > k) | (n_not_neg_inf < k)
   at_hi = k == n_pos_inf  # all finite coordinates at 0
   at_lo = k == n_not_neg_inf  # all finite coordinates at 1
+  infeasible = (has_nan | (n_pos_inf > k) | (n_not_neg_inf < k)
+                | (at_hi & (not np.isfinite(z0))) | (at_lo & (not np.isfinite(z1))))
   known = infeasible | at_hi | at_lo
   known_value = jnp.where(infeasible, jnp.nan, jnp.where(at_hi, hi, lo))
   return lo, hi, known, known_value
