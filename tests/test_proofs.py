@@ -21,6 +21,7 @@ NAMES = [
     "newton_finite_termination_p2",
     "limits",
     "dykstra_stopping",
+    "regularizer_family",
 ]
 
 
