@@ -71,9 +71,10 @@ _SHARDING_SCRIPT = textwrap.dedent(r"""
     assert len(xs.addressable_shards) == 2
     assert xs.sharding.shard_shape(xs.shape) == (4, 64)
 
-    for solver in ("threshold", "pav"):
+    for solver, p in (("threshold", 4 / 3), ("pav", 4 / 3), ("dykstra", 2.0)):
+      options = {"tol": 1e-12} if solver == "dykstra" else {}
       def mask(x, k):
-        return itk.soft_topk_mask(x, k, l=0.3, solver=solver)
+        return itk.soft_topk_mask(x, k, l=0.3, p=p, solver=solver, **options)
       def loss(x, k):
         return jnp.sum(w * mask(x, k))
       grad = jax.grad(loss, argnums=(0, 1))
