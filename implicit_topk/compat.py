@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from implicit_topk import hard as _hard
+from implicit_topk import magnitude as _magnitude
 from implicit_topk import ops as _ops
 
 
@@ -42,6 +43,30 @@ def sparse_soft_topk_mask_dykstra(x, k, l=1e-1, num_iter=500):
     raise ValueError(f"`num_iter` must be an int >= 2; got {num_iter!r}.")
   return _ops.soft_topk_mask(_as_float(x), k, l=l, p=2.0, solver="dykstra", tol=0.0,
                              maxiter=num_iter // 2)
+
+
+def sparse_soft_topk_mag_pav(x, k, l=1e-1, p=4 / 3, bisect_max_iter=50):
+  """Soft top-k in magnitude along the last axis by exact PAV.
+
+  The reference's semantics (its isotonic dual and output scaling, see
+  :func:`implicit_topk.soft_topk_mag`); kept entries come out as exactly ``x_i``
+  where the reference prints -5.000036. ``bisect_max_iter`` is accepted and unused.
+  """
+  if not (isinstance(bisect_max_iter, int) and bisect_max_iter > 0):
+    raise ValueError(f"`bisect_max_iter` must be a positive int; got {bisect_max_iter!r}.")
+  return _magnitude.soft_topk_mag(_as_float(x), k, l=l, p=p, solver="pav")
+
+
+def sparse_soft_topk_mag_dykstra(x, k, l=1e-1, num_iter=500):
+  """Soft top-k in magnitude (p = 2) along the last axis by Dykstra's algorithm.
+
+  As :func:`sparse_soft_topk_mask_dykstra`: ``num_iter // 2`` sweeps, no early stop,
+  any leading batch shape, and the output is the exact map at Dykstra's threshold.
+  """
+  if not (isinstance(num_iter, int) and num_iter >= 2):
+    raise ValueError(f"`num_iter` must be an int >= 2; got {num_iter!r}.")
+  return _magnitude.soft_topk_mag(_as_float(x), k, l=l, p=2.0, solver="dykstra", tol=0.0,
+                                  maxiter=num_iter // 2)
 
 
 def hard_topk_mask(x, k):

@@ -22,6 +22,7 @@ NAMES = [
     "limits",
     "dykstra_stopping",
     "regularizer_family",
+    "magnitude_threshold",
 ]
 
 

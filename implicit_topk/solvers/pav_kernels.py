@@ -72,7 +72,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["isotonic_pav", "capped_simplex_threshold"]
+__all__ = ["isotonic_pav", "capped_simplex_threshold", "magnitude_threshold"]
 
 _EPS = np.finfo(np.float64).eps
 _MAXIT = 200  # iteration cap for the safeguarded Newton/bisection solver
@@ -281,8 +281,12 @@ def _polish(s, i0, i1, W, v, l, a, lo, hi, steps):
 
 @njit(cache=True, inline="always")
 def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
-             bstart, bW, bmean, bM2, bM3, bv):
+             bstart, bW, bmean, bM2, bM3, bv, singleton=None):
     """Generic PAV on one row.  ``solve`` is a block solver (numba function).
+
+    ``singleton(s, i, w_i, l, a, pm1)`` (a numba function, or None for the
+    capped-simplex dual's closed form :func:`_singleton_value`) gives the value
+    of the one-element block ``[i]``; the magnitude dual passes its own.
 
     ``s`` float64 (n,), ``w`` float64 (n,).  The block structure is written to
     the work arrays (each of length >= n): block ``j`` covers
@@ -305,7 +309,10 @@ def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
         if moments3:
             bM2[nb] = 0.0
             bM3[nb] = 0.0
-        bv[nb] = _singleton_value(si, wi, l, pm1)
+        if singleton is None:
+            bv[nb] = _singleton_value(si, wi, l, pm1)
+        else:
+            bv[nb] = singleton(s, i, wi, l, a, pm1)
         nb += 1
         # a violation: previous block's value below the last block's value
         while nb > 1 and bv[nb - 2] < bv[nb - 1]:
@@ -648,4 +655,238 @@ def capped_simplex_threshold(x, k, l, p):
     lam = np.empty(B, dtype=np.float64)
     if B > 0:
         _CAP[kind](xs, k64, l64, a, pm1, lam)
+    return lam[0] if squeeze else lam
+
+
+# ============================================================================
+# top-k in magnitude (implicit_topk.magnitude, proofs/magnitude_threshold.md)
+# ============================================================================
+#
+# With ``s`` = |x| sorted descending and ``w = (1, .., 1, f, 0, .., 0)`` the
+# magnitude dual is the isotonic problem
+#
+#     min_{v_1 >= ... >= v_n}  sum_i [ l * omega*((s_i - v_i) / l) + w_i v_i^2 / 2 ]
+#
+# (the reference's, with real k).  Its block condition is
+#
+#     F_B(v) = sum_{i in B} g((s_i - v) / l) - v W_B = 0,      W_B = sum_B w_i,
+#
+# strictly decreasing in v and additive over merged blocks, so the same PAV
+# loop applies with these block solvers and a singleton that solves F = 0 on
+# one element (bracket [0, s_i]).  The solution has at most one block with a
+# fractional coordinate; its value is the threshold ``lam`` of
+# ``soft_topk_mag``.  Rows are laid out as |x| sorted ascending (numpy).
+
+
+@njit(cache=True)
+def _solve_mag_p2(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
+    """p = 2: sum (s_i - v) / l = v W  =>  v = mean / (1 + l W / m).  O(1)."""
+    return _clip(mean / (1.0 + l * W / m), lo, hi)
+
+
+@njit(cache=True)
+def _solve_mag_cubic(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
+    """p = 4/3: sum (s_i - v)^3 = l^3 W v.  With t = v - mean,
+    t^3 + (3 sigma2 + l^3 W / m) t + (l^3 W mean - M3) / m = 0: the cubic of
+    :func:`_solve_cubic` with ``M2 -> M2 + l^3 W / 3`` and ``W -> W mean``
+    (still one real root).  O(1)."""
+    l3W = l * l * l * W
+    return _solve_cubic(s, i0, i1, m, W * mean, mean, M2 + l3W / 3.0, M3, l,
+                        a, lo, hi)
+
+
+@njit(cache=True)
+def _solve_mag_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
+    """Any p: safeguarded Newton / bisection on F(v) = G(v) - v W (data).
+
+    Same safeguards and stopping rules as :func:`_solve_general`, with
+    ``-dF/dv = dG + W``.  O(|B|) per step.
+    """
+    if not (lo < hi):
+        return lo
+    tol = 4.0 * _EPS * max(abs(lo), abs(hi), abs(mean))
+    v = 0.5 * (lo + hi)
+    Fprev = np.inf
+    for _ in range(_MAXIT):
+        G, dG = _block_eval(s, i0, i1, v, l, a)
+        F = G - v * W
+        if F == 0.0:
+            return v
+        if F > 0.0:
+            lo = v
+        else:
+            hi = v
+        if hi - lo <= tol:
+            return 0.5 * (lo + hi)
+        D = dG + W
+        vn = 0.5 * (lo + hi)
+        if D > 0.0 and D < np.inf and abs(F) <= 0.5 * abs(Fprev):
+            newton = v + F / D
+            if lo < newton < hi:
+                vn = newton
+        Fprev = F
+        if abs(vn - v) <= tol:
+            if abs(F) <= 16.0 * _EPS * (abs(G) + abs(v * W)):
+                return vn
+            vn = 0.5 * (lo + hi)
+        v = vn
+    return v
+
+
+@njit(cache=True)
+def _mag_singleton_p2(s, i, w, l, a, pm1):
+    return s[i] / (1.0 + l * w)
+
+
+@njit(cache=True)
+def _mag_singleton_cubic(s, i, w, l, a, pm1):
+    if w == 0.0:
+        return s[i]
+    return _solve_mag_cubic(s, i, i + 1, 1.0, w, s[i], 0.0, 0.0, l, a, 0.0,
+                            s[i])
+
+
+@njit(cache=True)
+def _mag_singleton_general(s, i, w, l, a, pm1):
+    if w == 0.0:
+        return s[i]
+    return _solve_mag_general(s, i, i + 1, 1.0, w, s[i], 0.0, 0.0, l, a, 0.0,
+                              s[i])
+
+
+@njit(cache=True)
+def _polish_mag(s, i0, i1, W, v, l, a, lo, hi, steps):
+    """Up to ``steps`` Newton steps on F(v) = G(v) - v W over the block data,
+    clipped to [lo, hi]; stops once a step is at rounding level."""
+    for _ in range(steps):
+        G, dG = _block_eval(s, i0, i1, v, l, a)
+        F = G - v * W
+        D = dG + W
+        if F == 0.0 or not (D > 0.0 and D < np.inf):
+            break
+        vn = _clip(v + F / D, lo, hi)
+        done = abs(vn - v) <= 2.0 * _EPS * max(abs(v), abs(vn))
+        v = vn
+        if done:
+            break
+    return v
+
+
+@njit(cache=True, inline="always")
+def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, moments3):
+    """Threshold of one row; ``xa`` = |x| sorted ascending ([finite][inf][nan]).
+
+    ``+inf`` magnitudes are kept (they use up ``k``); ``k_f = k - #inf``:
+    ``k_f < 0`` (or not finite) gives NaN, ``k_f == 0`` gives
+    ``max_finite + l`` (every finite entry 0); if at most ``k_f`` finite
+    entries are nonzero the answer is ``lam = 0`` (output = x).
+    """
+    n = xa.shape[0]
+    if n > 0 and np.isnan(xa[n - 1]):
+        return np.nan
+    if not (l > 0.0 and l < np.inf):
+        return np.nan
+    hi_f = n
+    while hi_f > 0 and xa[hi_f - 1] == np.inf:
+        hi_f -= 1
+    kf = k - (n - hi_f)
+    if not np.isfinite(kf) or kf < 0.0:
+        return np.nan
+    if kf == 0.0:
+        return float(xa[hi_f - 1]) + l if hi_f > 0 else 0.0
+    lo_p = 0  # zeros are below any lam > 0: drop them
+    while lo_p < hi_f and xa[lo_p] == 0.0:
+        lo_p += 1
+    m = hi_f - lo_p
+    if m <= kf:
+        return 0.0
+    s = np.empty(m)
+    for i in range(m):
+        s[i] = xa[hi_f - 1 - i]
+    kint = int(math.floor(kf))
+    w = np.zeros(m)
+    w[:kint] = 1.0
+    if kf > kint:
+        w[kint] = kf - kint
+    n3 = m if moments3 else 1
+    bstart = np.empty(m, dtype=np.int64)
+    bv = np.empty(m)
+    nb = _pav_row(solve, s, w, l, a, pm1, 0, moments3, bstart, np.empty(m),
+                  np.empty(m), np.empty(n3), np.empty(n3), bv, singleton)
+    # the block holding the fractional coordinates: a merged block, or the
+    # singleton with weight f; its value is lam.
+    for j in range(nb):
+        i0 = bstart[j]
+        i1 = bstart[j + 1] if j + 1 < nb else m
+        if i1 - i0 > 1:
+            lo = bv[j + 1] if j + 1 < nb else 0.0
+            hi = bv[j - 1] if j > 0 else np.inf
+            W = 0.0
+            for i in range(i0, i1):
+                W += w[i]
+            return _polish_mag(s, i0, i1, W, bv[j], l, a, lo, hi,
+                               polish_steps)
+        if w[i0] != 0.0 and w[i0] != 1.0:
+            return bv[j]
+    # all-binary (integer k): every lam in [s_(k+1), h^{-1}(s_(k))] is a
+    # root; h^{-1}(s_(k)) is the value of the k-th (kept) singleton.
+    return 0.5 * (s[kint] + bv[kint - 1])
+
+
+@njit(cache=True, parallel=True)
+def _mag_batch_p2(xa, k, l, a, pm1, lam):
+    for b in prange(xa.shape[0]):
+        lam[b] = _mag_row(_solve_mag_p2, _mag_singleton_p2, xa[b], k[b], l[b],
+                          a, pm1, 1, False)
+
+
+@njit(cache=True, parallel=True)
+def _mag_batch_cubic(xa, k, l, a, pm1, lam):
+    for b in prange(xa.shape[0]):
+        lam[b] = _mag_row(_solve_mag_cubic, _mag_singleton_cubic, xa[b], k[b],
+                          l[b], a, pm1, 3, True)
+
+
+@njit(cache=True, parallel=True)
+def _mag_batch_general(xa, k, l, a, pm1, lam):
+    for b in prange(xa.shape[0]):
+        lam[b] = _mag_row(_solve_mag_general, _mag_singleton_general, xa[b],
+                          k[b], l[b], a, pm1, 0, False)
+
+
+_MAG = {"p2": _mag_batch_p2, "cubic": _mag_batch_cubic,
+        "general": _mag_batch_general}
+
+
+def magnitude_threshold(x, k, l, p):
+    """Threshold ``lam >= 0`` of the soft top-k in magnitude, row-wise, by PAV.
+
+    ``soft_topk_mag(x)_i = sign(x_i) min(|x_i|, t_i + g(t_i / l))`` with
+    ``t_i = (|x_i| - lam)_+`` and ``sum_i min(lam, g(t_i / l)) = k lam``;
+    ``lam`` is the value of the fractional block of the magnitude dual (see
+    the section comment).  All-binary rows (integer ``k``, the k largest
+    magnitudes well separated) return the midpoint of the root interval;
+    rows with at most ``k`` nonzero entries return 0.
+
+    Parameters and non-finite handling as :func:`capped_simplex_threshold`
+    (``x`` unsorted, (B, n) or (n,); NaN rows give NaN; ``|x_i| = inf``
+    entries are kept).  Cost: a numpy sort of |x| per row plus O(n) for
+    ``p in {2, 4/3}``; other ``p`` solve each kept entry and each merged
+    block by safeguarded Newton.  Returns (B,) float64 (a scalar for 1-D x).
+    """
+    kind, a, pm1 = _select(p)
+    x_arr = np.asarray(x)
+    squeeze = x_arr.ndim == 1
+    if x_arr.dtype not in (np.float32, np.float64):
+        x_arr = x_arr.astype(np.float64)
+    x2 = np.atleast_2d(x_arr)
+    if x2.ndim != 2:
+        raise ValueError(f"x must be 2-D (B, n), got shape {np.shape(x)}")
+    B = x2.shape[0]
+    k64 = _per_row(k, B, "k")
+    l64 = _per_row(l, B, "l")
+    xa = np.sort(np.abs(x2), axis=-1)
+    lam = np.empty(B, dtype=np.float64)
+    if B > 0:
+        _MAG[kind](xa, k64, l64, a, pm1, lam)
     return lam[0] if squeeze else lam
