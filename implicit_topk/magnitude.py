@@ -55,6 +55,7 @@ from implicit_topk import _validation
 from implicit_topk import regularizers
 from implicit_topk import solvers as _solvers
 from implicit_topk.solvers import pav as _pav
+from implicit_topk.solvers import threshold
 from implicit_topk.solvers.base import CappedSimplexSolver
 
 _SAMPLE = 256  # sample size for the threshold solver's starting guess
@@ -226,40 +227,22 @@ def _initial_guess(s, k, lo, hi):
 
 
 def _newton_step(a, tols, x, k, l, carry):
-  """One safeguarded (Schroeder-)Newton step on F; the rules of threshold.py.
+  """One step of the shared safeguarded Newton iteration (threshold.py) on F.
 
   The sign of F is the sign of sum_i min(1, g(t_i/l)/lam) - k (nonincreasing) for
-  lam > 0, which brackets the root; a Newton step is taken only if it stays strictly
-  inside the bracket and at most halves the previous step, else we bisect (at the
-  geometric mean while hi > 4 lo).
+  lam > 0, which brackets the root; tolerances are relative to lam, and wide brackets
+  are bisected geometrically (roots can sit many decades below max|x|).
   """
-  step_tol, phi_tol = tols
-  lam, lo, hi, prev_step, done, iter_num = carry
-  ones = jnp.ones_like(lam)
+  ones = jnp.ones(x.shape[:-1], x.dtype)
   fun = lambda u: residual(u, x, k, l, a)
-  (F, dF), (_, d2F) = jax.jvp(lambda u: jax.jvp(fun, (u,), (ones,)), (lam,), (ones,))
-  lo = jnp.where(F > 0, lam, lo)
-  hi = jnp.where(F < 0, lam, hi)
-  newton_step = F / jnp.where(dF < 0, dF, -1)
-  denominator = dF * dF - F * d2F
-  schroeder_step = F * dF / jnp.where(denominator > 0, denominator, 1)
-  longer = (denominator > 0) & (jnp.abs(schroeder_step) > jnp.abs(newton_step))
-  step = jnp.where(longer, schroeder_step, newton_step)
-  newton = lam - step
-  small_step = jnp.abs(step) <= step_tol * lam
-  accept = (dF < 0) & small_step & (jnp.abs(F) <= phi_tol * (k + 1) * lam)
-  use_newton = accept | ((dF < 0) & (newton > lo) & (newton < hi) & ~small_step
-                         & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)))
-  # bisect geometrically over wide brackets: roots can sit many decades below max|x|
-  wide = (lo > 0) & (hi > 4 * lo)
-  middle = jnp.where(wide, jnp.sqrt(lo * hi), 0.5 * (lo + hi))
-  candidate = jnp.where(use_newton, newton, middle)
-  converged = (F == 0) | (hi - lo <= step_tol * hi) | accept
-  new_lam = jnp.where(F == 0, lam, candidate)
-  prev_step = jnp.where(done, prev_step, new_lam - lam)
-  lam = jnp.where(done, lam, new_lam)
-  iter_num = iter_num + jnp.where(done, 0, 1)
-  return lam, lo, hi, prev_step, done | converged, iter_num
+
+  def derivatives(lam):
+    (F, dF), (_, d2F) = jax.jvp(lambda u: jax.jvp(fun, (u,), (ones,)), (lam,), (ones,))
+    return F, dF, d2F
+
+  return threshold.safeguarded_newton_step(
+      derivatives, carry, tols=tols, step_scale=lambda lam: lam,
+      residual_scale=lambda lam: (k + 1) * lam, geometric=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,8 +264,7 @@ class MagnitudeThresholdSolver(MagnitudeSolver):
     known, known_value, lo, hi = _special_rows(s, k, l, self.a)
     start = _initial_guess(s, k, lo, hi) if init is None else init
     start = jnp.where((start > lo) & (start < hi), start, 0.5 * (lo + hi))
-    eps = float(np.finfo(np.dtype(x.dtype)).eps)
-    tols = (4 * eps, float(np.sqrt(eps)))
+    tols = threshold.tolerances(x.dtype)
     carry = (start, lo, hi, 2 * (hi - lo), known, jnp.zeros(start.shape, jnp.int32))
 
     def cond(carry):

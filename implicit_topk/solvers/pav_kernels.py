@@ -258,15 +258,19 @@ def _solve_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
 
 
 @njit(cache=True)
-def _polish(s, i0, i1, W, v, l, a, lo, hi, steps):
+def _polish(s, i0, i1, W, v, l, a, lo, hi, steps, slope=0.0):
     """Up to ``steps`` Newton steps on the actual block data, clipped to
-    [lo, hi]; stops early once the step is at rounding level."""
+    [lo, hi]; stops early once the step is at rounding level.
+
+    The block condition is ``F(v) = G(v) - W (1 - slope + slope v)``: ``slope = 0``
+    for the mask (``G = W``), ``slope = 1`` for the magnitude (``G = v W``)."""
     for _ in range(steps):
         G, dG = _block_eval(s, i0, i1, v, l, a)
-        F = G - W
-        if F == 0.0 or not (dG > 0.0 and dG < np.inf):
+        F = G - W * (1.0 - slope + slope * v)
+        D = dG + slope * W
+        if F == 0.0 or not (D > 0.0 and D < np.inf):
             break
-        vn = _clip(v + F / dG, lo, hi)
+        vn = _clip(v + F / D, lo, hi)
         done = abs(vn - v) <= 2.0 * _EPS * max(abs(v), abs(vn))
         v = vn
         if done:
@@ -754,24 +758,6 @@ def _mag_singleton_general(s, i, w, l, a, pm1):
                               s[i])
 
 
-@njit(cache=True)
-def _polish_mag(s, i0, i1, W, v, l, a, lo, hi, steps):
-    """Up to ``steps`` Newton steps on F(v) = G(v) - v W over the block data,
-    clipped to [lo, hi]; stops once a step is at rounding level."""
-    for _ in range(steps):
-        G, dG = _block_eval(s, i0, i1, v, l, a)
-        F = G - v * W
-        D = dG + W
-        if F == 0.0 or not (D > 0.0 and D < np.inf):
-            break
-        vn = _clip(v + F / D, lo, hi)
-        done = abs(vn - v) <= 2.0 * _EPS * max(abs(v), abs(vn))
-        v = vn
-        if done:
-            break
-    return v
-
-
 @njit(cache=True, inline="always")
 def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, moments3):
     """Threshold of one row; ``xa`` = |x| sorted ascending ([finite][inf][nan]).
@@ -824,8 +810,8 @@ def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, moments3):
             W = 0.0
             for i in range(i0, i1):
                 W += w[i]
-            return _polish_mag(s, i0, i1, W, bv[j], l, a, lo, hi,
-                               polish_steps)
+            return _polish(s, i0, i1, W, bv[j], l, a, lo, hi, polish_steps,
+                           1.0)
         if w[i0] != 0.0 and w[i0] != 1.0:
             return bv[j]
     # all-binary (integer k): every lam in [s_(k+1), h^{-1}(s_(k))] is a

@@ -95,49 +95,66 @@ def _initial_guess(regularizer, x, k, l, lo, hi):
   return jnp.clip(jnp.where(jnp.isfinite(guess), guess, 0.5 * (lo + hi)), lo, hi)
 
 
-def _tolerances(dtype):
+def tolerances(dtype):
+  """(step tolerance, residual tolerance) for a dtype: 4 eps and sqrt(eps)."""
   eps = float(np.finfo(np.dtype(dtype)).eps)
   return 4 * eps, float(np.sqrt(eps))
 
 
-def _newton_step(regularizer, tols, x, k, l, carry):
-  """One safeguarded (Schroeder-)Newton iteration; rows already done stay put.
+def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_scale,
+                            geometric=False):
+  """One safeguarded (Schroeder-)Newton iteration on a nonincreasing scalar function.
 
-  A Newton step is taken only if it lands strictly inside the bracket and is at most
-  half the previous step (as in Numerical Recipes' rtsafe; this rules out cycles and
-  slow creeping), otherwise we bisect. A step below a few ulps counts as convergence
-  only if |phi| is small too (a huge slope, e.g. p > 2 near a coordinate leaving 0,
-  could otherwise stall Newton).
+  Shared by every sort-free threshold solver (the mask here, the magnitude operator in
+  :mod:`implicit_topk.magnitude`). ``derivatives(lam) -> (phi, phi', phi'')`` per row;
+  ``carry = (lam, lo, hi, prev_step, done, iter_num)``; rows already done stay put.
+
+  The sign of ``phi`` shrinks the bracket. A Newton step is taken only if it lands
+  strictly inside the bracket and is at most half the previous step (as in Numerical
+  Recipes' rtsafe; this rules out cycles and slow creeping), otherwise we bisect
+  (geometrically over brackets wider than 4x when ``geometric``: roots many decades
+  below the bracket's top). Schroeder's step (Newton on phi / phi') replaces Newton's
+  where it is longer: near the degenerate roots phi ~ c (lam - a)^m at which a flat
+  piece of phi starts (p < 2), Newton converges only linearly and Schroeder's step lands
+  on a. A step below ``step_tol * step_scale(lam)`` counts as convergence only if
+  ``|phi| <= phi_tol * residual_scale(lam)`` too (a huge slope, e.g. p > 2 near a
+  coordinate leaving 0, could otherwise stall Newton); a collapsed bracket or
+  ``phi == 0`` also stop.
   """
   step_tol, phi_tol = tols
   lam, lo, hi, prev_step, done, iter_num = carry
-  phi, dphi, d2phi = _phi_and_derivatives(regularizer, lam, x, k, l)
+  phi, dphi, d2phi = derivatives(lam)
   lo = jnp.where(phi > 0, lam, lo)
   hi = jnp.where(phi < 0, lam, hi)
-  # Newton's step, or Schroeder's (Newton on phi / phi') where that one is longer:
-  # near the degenerate roots phi ~ c (lam - a)^m at which a flat piece of phi starts
-  # (p < 2), Newton converges only linearly and Schroeder's step lands on a.
   newton_step = phi / jnp.where(dphi < 0, dphi, -1)
   denominator = dphi * dphi - phi * d2phi
   schroeder_step = phi * dphi / jnp.where(denominator > 0, denominator, 1)
   longer = (denominator > 0) & (jnp.abs(schroeder_step) > jnp.abs(newton_step))
   step = jnp.where(longer, schroeder_step, newton_step)
   newton = lam - step
-  scale = jnp.abs(lam) + l
+  scale = step_scale(lam)
   small_step = jnp.abs(step) <= step_tol * scale
-  small_phi = jnp.abs(phi) <= phi_tol * (k + 1)
-  accept = (dphi < 0) & small_step & small_phi
+  accept = (dphi < 0) & small_step & (jnp.abs(phi) <= phi_tol * residual_scale(lam))
   use_newton = accept | ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
                          & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)))
-  candidate = jnp.where(use_newton, newton, 0.5 * (lo + hi))
-  collapsed = hi - lo <= step_tol * scale
-  converged = (phi == 0) | collapsed | accept
+  middle = 0.5 * (lo + hi)
+  if geometric:
+    wide = (lo > 0) & (hi > 4 * lo)
+    middle = jnp.where(wide, jnp.sqrt(jnp.where(wide, lo * hi, 1)), middle)
+  candidate = jnp.where(use_newton, newton, middle)
+  converged = (phi == 0) | (hi - lo <= step_tol * scale) | accept
   new_lam = jnp.where(phi == 0, lam, candidate)
-  prev_step = jnp.where(done, prev_step, candidate - lam)
+  prev_step = jnp.where(done, prev_step, new_lam - lam)
   lam = jnp.where(done, lam, new_lam)
   iter_num = iter_num + jnp.where(done, 0, 1)
-  done = done | converged
-  return lam, lo, hi, prev_step, done, iter_num
+  return lam, lo, hi, prev_step, done | converged, iter_num
+
+
+def _newton_step(regularizer, tols, x, k, l, carry):
+  """The mask's iteration: phi(lam) = sum_i mask((x_i - lam)/l) - k."""
+  return safeguarded_newton_step(
+      lambda lam: _phi_and_derivatives(regularizer, lam, x, k, l), carry, tols=tols,
+      step_scale=lambda lam: jnp.abs(lam) + l, residual_scale=lambda lam: k + 1)
 
 
 def _init_carry(regularizer, init, x, k, l):
@@ -186,7 +203,7 @@ class ThresholdSolver(CappedSimplexSolver):
   maxiter: int = 100
 
   def _solve(self, init, x, k, l):
-    tols = _tolerances(x.dtype)
+    tols = tolerances(x.dtype)
     carry, known = _init_carry(self.regularizer, init, x, k, l)
 
     def cond(carry):
@@ -201,7 +218,7 @@ class ThresholdSolver(CappedSimplexSolver):
 
   def _solve_unrolled(self, init, x, k, l):
     """``maxiter`` iterations in ``lax.fori_loop``: differentiable by autodiff."""
-    tols = _tolerances(x.dtype)
+    tols = tolerances(x.dtype)
     carry, known = _init_carry(self.regularizer, init, x, k, l)
     carry = jax.lax.fori_loop(
         0, self.maxiter, lambda _, c: _newton_step(self.regularizer, tols, x, k, l, c), carry)
