@@ -29,7 +29,7 @@ NUMPY_OMEGAS = {
                                   special.xlogy(1 - y, 2 * (1 - y)) - (1 - y)),
 }
 NAMES = sorted(NUMPY_MASKS)
-SOLVERS = ["threshold"]
+SOLVERS = ["threshold", "pav"]
 
 
 def _rows(seed, shape, scale=1.0):
@@ -96,6 +96,22 @@ def test_gradients_pass_check_grads(name):
   check_grads(f, (x,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
   g = lambda k, l: jnp.sum(w * itk.soft_topk_mask(x, k, l=l, regularizer=name, solver="threshold"))
   check_grads(g, (2.5, 0.6), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(NAMES), st.integers(0, 2**31 - 1), st.sampled_from([0.01, 0.3, 5.0]))
+def test_pav_and_threshold_agree(name, seed, l):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(np.round(rng.normal(size=(3, 12)) * 2, 1))  # ties and duplicates
+  k = jnp.asarray([1.0, float(rng.integers(2, 11)), float(rng.uniform(0.2, 11.8))])
+  y_pav = itk.soft_topk_mask(x, k, l=l, regularizer=name, solver="pav")
+  y_thr = itk.soft_topk_mask(x, k, l=l, regularizer=name, solver="threshold")
+  np.testing.assert_allclose(y_pav, y_thr, atol=1e-10, rtol=0)
+
+
+def test_pav_rejects_a_user_regularizer_with_a_clear_message():
+  with pytest.raises(ValueError, match="solver='threshold'"):
+    itk.soft_topk_mask(_rows(11, (6,)), 2.0, regularizer=Arctan(), solver="pav")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -38,6 +38,7 @@ def _kernels():
 
 
 def _host_threshold(p, x, k, l):
+  """``p``: the p-norm exponent (float) or a link name (see :func:`kernel_spec`)."""
   pav_kernels = _kernels()
 
   x = np.asarray(x)
@@ -51,13 +52,28 @@ def _host_threshold(p, x, k, l):
   return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
 
 
+def kernel_spec(regularizer):
+  """What the numba kernels take for a regularizer: the p of a p-norm, or a link name.
+
+  Built-in regularizers declare ``pav_kind = ("pnorm", p)`` or ``("link", name)``; the
+  PAV kernels have block solvers for exactly these. Other regularizers are solved by
+  ``solver="threshold"``, which needs nothing beyond the :class:`Regularizer` protocol.
+  """
+  kind = getattr(regularizer, "pav_kind", None)
+  if kind is None or kind[0] not in ("pnorm", "link"):
+    raise ValueError(
+        f"solver='pav' has block solvers for the built-in regularizers only; got "
+        f"{regularizer!r}. Use solver='threshold' (pure JAX), which accepts any regularizer.")
+  return float(kind[1]) if kind[0] == "pnorm" else str(kind[1])
+
+
 @dataclasses.dataclass(frozen=True)
 class PAVSolver(CappedSimplexSolver):
   """Exact thresholds by numba PAV on the isotonic dual (host callback)."""
 
   def _solve(self, init, x, k, l):
     del init  # PAV is a direct method.
-    p = float(self.regularizer.pav_exponent)
+    p = kernel_spec(self.regularizer)
     out = jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)
     lam = jax.pure_callback(
         lambda x_, k_, l_: _host_threshold(p, x_, k_, l_), out, x, k, l,

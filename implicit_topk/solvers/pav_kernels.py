@@ -94,14 +94,82 @@ def _singleton_value(s, W, l, pm1):
     return s - l * math.copysign(abs(W) ** pm1, W)
 
 
+# Links of the other built-in regularizers (``implicit_topk.regularizers``), by code:
+# 1 = exp (entropy), 2 = sigmoid (binary entropy), 3 = Laplace CDF; 0 = the p-norm.
+LINKS = {"exp": 1, "sigmoid": 2, "laplace": 3}
+
+
 @njit(cache=True)
-def _block_eval(s, i0, i1, v, l, a):
+def _link_value(z, link):
+    """``(g(z), g'(z))`` for a link code."""
+    if link == 1:
+        e = math.exp(z)
+        return e, e
+    if link == 2:
+        if z >= 0.0:
+            g = 1.0 / (1.0 + math.exp(-z))
+        else:
+            e = math.exp(z)
+            g = e / (1.0 + e)
+        return g, g * (1.0 - g)
+    if z < 0.0:
+        e = 0.5 * math.exp(z)
+        return e, e
+    e = 0.5 * math.exp(-z)
+    return 1.0 - e, e
+
+
+@njit(cache=True)
+def _link_inverse(t, link):
+    """``omega'(t) = g^{-1}(t)``; -inf/+inf where g never reaches t."""
+    if t <= 0.0:
+        return -np.inf
+    if link == 1:
+        return math.log(t)
+    if t >= 1.0:
+        return np.inf
+    if link == 2:
+        return math.log(t) - math.log1p(-t)
+    if t < 0.5:
+        return math.log(2.0 * t)
+    return -math.log(2.0 * (1.0 - t))
+
+
+@njit(cache=True)
+def _link_class(W, m, link):
+    """+1 if a block's value is +inf (its weight is at the bottom of g's range:
+    W = 0 for the links), -1 if -inf (W = m for the bounded sigmoid and Laplace
+    links), 0 if finite (always for the p-norm)."""
+    if link == 0:
+        return 0
+    if W <= 0.0:
+        return 1
+    if link != 1 and W >= m:
+        return -1
+    return 0
+
+
+@njit(cache=True)
+def _link_singleton(s, i, w, l, a, pm1):
+    """One-element block of a link (code in ``a``): ``s - l g^{-1}(w)``."""
+    return s[i] - l * _link_inverse(w, int(a))
+
+
+@njit(cache=True)
+def _block_eval(s, i0, i1, v, l, a, link=0):
     """Return ``(G, dG)`` with ``G = sum_{i0<=i<i1} g((s_i - v)/l)`` and
-    ``dG = -dG/dv = sum g'((s_i - v)/l) / l  (>= 0, may be +inf for a < 1)``."""
+    ``dG = -dG/dv = sum g'((s_i - v)/l) / l  (>= 0, may be +inf for a < 1)``;
+    ``g`` is the p-norm link of exponent ``a``, or the link with code ``link``."""
     G = 0.0
     dG = 0.0
     inv_l = 1.0 / l
-    if a == 1.0:
+    if link != 0:
+        for i in range(i0, i1):
+            g, dg = _link_value((s[i] - v) * inv_l, link)
+            G += g
+            dG += dg
+        dG *= inv_l
+    elif a == 1.0:
         for i in range(i0, i1):
             G += (s[i] - v) * inv_l
         dG = (i1 - i0) * inv_l
@@ -203,31 +271,28 @@ def _solve_cubic(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
 
 
 @njit(cache=True)
-def _solve_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
-    """Any p: safeguarded Newton / bisection on the data, O(|B|) per step.
+def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
+    """Safeguarded Newton / bisection on the block data, O(|B|) per step.
 
-    F(v) = sum g((s_i - v)/l) - W is strictly decreasing; the root lies in
-    [lo, hi] (the merged value is between the two merged blocks' values; if
-    rounding puts it marginally outside, the nearest bracket end is returned,
-    which is within rounding of the root).  Newton steps are taken while they
-    stay inside the (shrinking) bracket and at least halve |F|; otherwise the
-    bracket is bisected.  Stops when the bracket is below 4 eps * scale, or
-    when a Newton step is below that and |F| is at rounding level,
-    |F| <= 16 eps (|W| + |B|).
+    ``F(v) = G(v) - W (1 - slope + slope v)`` is strictly decreasing (``slope``
+    0: the mask's block condition ``G = W``; 1: the magnitude's ``G = v W``);
+    the root lies in [lo, hi] (if rounding puts it marginally outside, the
+    nearest bracket end is returned, which is within rounding of the root).
+    Newton steps from ``v`` are taken while they stay inside the (shrinking)
+    bracket and at least halve |F|; otherwise the bracket is bisected.  Stops
+    when the bracket is below 4 eps * scale, or when a Newton step is below
+    that and |F| is at rounding level, |F| <= 16 eps (|G| + |W v| + |B|).
     """
     if not (lo < hi):
         return lo
-    scale = max(abs(lo), abs(hi), abs(mean))
-    tol = 4.0 * _EPS * scale
-    # initial guess: exact if all block entries were equal to their mean
-    r = W / m
-    v = mean - l * math.copysign(abs(r) ** (1.0 / a), r)
+    tol = 4.0 * _EPS * max(abs(lo), abs(hi), abs(mean))
     if not (lo < v < hi):
         v = 0.5 * (lo + hi)
     Fprev = np.inf
     for _ in range(_MAXIT):
-        G, dG = _block_eval(s, i0, i1, v, l, a)
-        F = G - W
+        G, dG = _block_eval(s, i0, i1, v, l, a, link)
+        target = W * (1.0 - slope + slope * v)
+        F = G - target
         if F == 0.0:
             return v
         if F > 0.0:
@@ -236,24 +301,51 @@ def _solve_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
             hi = v
         if hi - lo <= tol:
             return 0.5 * (lo + hi)
-        vn = lo  # placeholder, overwritten below
-        use_newton = dG > 0.0 and dG < np.inf and abs(F) <= 0.5 * abs(Fprev)
-        if use_newton:
-            vn = v + F / dG
-            if not (lo < vn < hi):
-                use_newton = False
-        if not use_newton:
-            vn = 0.5 * (lo + hi)
+        D = dG + slope * W
+        vn = 0.5 * (lo + hi)
+        if D > 0.0 and D < np.inf and abs(F) <= 0.5 * abs(Fprev):
+            newton = v + F / D
+            if lo < newton < hi:
+                vn = newton
         Fprev = F
         if abs(vn - v) <= tol:
             # A step at rounding level is convergence only if the residual is
             # small too: near an entry leaving 0 with a < 1 (p > 2) the slope
             # dG is huge (~|z|^(a-1)) and the Newton step is tiny although F
             # is not; bisect instead (found by hypothesis: x=[0.25, 1e-40]).
-            if abs(F) <= 16.0 * _EPS * (abs(W) + m):
+            if abs(F) <= 16.0 * _EPS * (abs(G) + abs(target) + m):
                 return vn
             vn = 0.5 * (lo + hi)
         v = vn
+    return v
+
+
+@njit(cache=True)
+def _solve_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
+    """Any p: :func:`_newton_block`, started where it is exact if all block
+    entries equal their mean."""
+    r = W / m
+    v = mean - l * math.copysign(abs(r) ** (1.0 / a), r)
+    return _newton_block(s, i0, i1, m, W, mean, v, l, a, 0, lo, hi, 0.0)
+
+
+@njit(cache=True)
+def _solve_link(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
+    """Sigmoid / Laplace links (code in ``a``): :func:`_newton_block` from the
+    value that is exact if all block entries equal their mean."""
+    link = int(a)
+    v = mean - l * _link_inverse(W / m, link)
+    return _newton_block(s, i0, i1, m, W, mean, v, l, 0.0, link, lo, hi, 0.0)
+
+
+@njit(cache=True)
+def _solve_exp(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
+    """Entropy (exp link), closed form from the block's log-sum-exp statistics
+    (``M2`` = max of the block, ``M3`` = sum of exp((s_i - M2) / l)):
+    sum exp((s_i - v)/l) = W  <=>  v = M2 + l log(M3) - l log(W).  O(1)."""
+    v = M2 + l * (math.log(M3) - math.log(W))
+    if lo < hi:
+        return _clip(v, lo, hi)
     return v
 
 
@@ -284,13 +376,32 @@ def _polish(s, i0, i1, W, v, l, a, lo, hi, steps, slope=0.0):
 
 
 @njit(cache=True, inline="always")
-def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
-             bstart, bW, bmean, bM2, bM3, bv, singleton=None):
+def _block_end(j, nb, end, bstart):
+    return bstart[j + 1] if j + 1 < nb else end
+
+
+@njit(cache=True, inline="always")
+def _solve_in_bracket(solve, s, j, i1, stats, link, bstart, bW, bmean, bM2, bM3, l, a):
+    """Solves block ``j`` (ending at ``i1``) in the bracket that holds for any
+    link: [min_B s - l g^{-1}(W/m), max_B s - l g^{-1}(W/m)] (s is descending)."""
+    i0 = bstart[j]
+    m = float(i1 - i0)
+    z = _link_inverse(bW[j] / m, link)
+    M2 = bM2[j] if stats != 0 else 0.0
+    M3 = bM3[j] if stats != 0 else 0.0
+    return solve(s, i0, i1, m, bW[j], bmean[j], M2, M3, l, a,
+                 s[i1 - 1] - l * z, s[i0] - l * z)
+
+
+@njit(cache=True, inline="always")
+def _pav_row(solve, s, w, l, a, pm1, polish_steps, stats,
+             bstart, bW, bmean, bM2, bM3, bv, singleton=None, link=0):
     """Generic PAV on one row.  ``solve`` is a block solver (numba function).
 
     ``singleton(s, i, w_i, l, a, pm1)`` (a numba function, or None for the
     capped-simplex dual's closed form :func:`_singleton_value`) gives the value
-    of the one-element block ``[i]``; the magnitude dual passes its own.
+    of the one-element block ``[i]``; the magnitude dual and the links pass
+    their own.
 
     ``s`` float64 (n,), ``w`` float64 (n,).  The block structure is written to
     the work arrays (each of length >= n): block ``j`` covers
@@ -298,9 +409,18 @@ def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
     ``bv[j]``.  Returns the number of blocks.  If ``polish_steps > 0`` every
     non-singleton final block is refined with that many Newton steps on the
     data (O(n) in total) while keeping the values nonincreasing.
-    ``moments3`` (compile-time constant per wrapper): track the centred second
-    and third block moments ``bM2``/``bM3`` (needed by the cubic solver only;
-    otherwise they may be length-1 dummies and the solver receives zeros).
+    ``stats`` (a constant per wrapper) selects the block statistics merged in
+    O(1) besides count and mean: 3 = centred second and third moments
+    ``bM2``/``bM3`` (the cubic solver), 2 = log-sum-exp ``bM2`` = max,
+    ``bM3`` = sum exp((s - max)/l) (the entropy solver), 0 = none (``bM2``,
+    ``bM3`` may be length-1 dummies and the solver receives zeros).
+
+    Links (``link != 0``) have infinite block values (weight 0: +inf; for the
+    sigmoid and Laplace also weight = size: -inf); a violation against an
+    infinite neighbour is decided without solving, and a block whose value no
+    comparison needs yet (the first block, or one after a -inf block) is left
+    pending (NaN) and solved when a comparison or the end needs it.  Without
+    this the sigmoid's single block would be re-solved at every merge, O(n^2).
     """
     n = s.shape[0]
     nb = 0
@@ -310,16 +430,38 @@ def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
         bstart[nb] = i
         bW[nb] = wi
         bmean[nb] = si
-        if moments3:
+        if stats == 3:
             bM2[nb] = 0.0
             bM3[nb] = 0.0
+        elif stats == 2:
+            bM2[nb] = si
+            bM3[nb] = 1.0
         if singleton is None:
             bv[nb] = _singleton_value(si, wi, l, pm1)
         else:
             bv[nb] = singleton(s, i, wi, l, a, pm1)
         nb += 1
-        # a violation: previous block's value below the last block's value
-        while nb > 1 and bv[nb - 2] < bv[nb - 1]:
+        while nb > 1:
+            A = bv[nb - 2]
+            B = bv[nb - 1]
+            if A == -np.inf:
+                violated = B != -np.inf
+            elif B == np.inf:
+                violated = A != np.inf
+            elif A == np.inf or B == -np.inf:
+                violated = False
+            else:
+                if np.isnan(A):
+                    A = _solve_in_bracket(solve, s, nb - 2, bstart[nb - 1], stats, link,
+                                          bstart, bW, bmean, bM2, bM3, l, a)
+                    bv[nb - 2] = A
+                if np.isnan(B):
+                    B = _solve_in_bracket(solve, s, nb - 1, i + 1, stats, link,
+                                          bstart, bW, bmean, bM2, bM3, l, a)
+                    bv[nb - 1] = B
+                violated = A < B
+            if not violated:
+                break
             j = nb - 2
             mA = float(bstart[j + 1] - bstart[j])
             mB = float(i + 1 - bstart[j + 1])
@@ -329,7 +471,7 @@ def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
             bmean[j] += d * (mB * inv_m)
             M2 = 0.0
             M3 = 0.0
-            if moments3:  # Chan / Pebay pairwise update of centred moments
+            if stats == 3:  # Chan / Pebay pairwise update of centred moments
                 M2A = bM2[j]
                 M2B = bM2[j + 1]
                 c = mA * mB * inv_m
@@ -339,17 +481,39 @@ def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
                 M2 = M2A + M2B + d * d * c
                 bM2[j] = M2
                 bM3[j] = M3
+            elif stats == 2:  # log-sum-exp: common max, rescaled sums
+                M2 = max(bM2[j], bM2[j + 1])
+                M3 = (bM3[j] * math.exp((bM2[j] - M2) / l)
+                      + bM3[j + 1] * math.exp((bM2[j + 1] - M2) / l))
+                bM2[j] = M2
+                bM3[j] = M3
             bW[j] += bW[j + 1]
             lo = bv[j]
             hi = bv[j + 1]
-            bv[j] = solve(s, bstart[j], i + 1, m, bW[j], bmean[j], M2, M3,
-                          l, a, lo, hi)
             nb -= 1
+            cls = _link_class(bW[j], m, link)
+            if cls == 1:
+                bv[j] = np.inf
+            elif cls == -1:
+                bv[j] = -np.inf
+            elif link != 0 and (j == 0 or bv[j - 1] == -np.inf):
+                bv[j] = np.nan  # pending: no comparison needs it yet
+            elif link != 0 and not (np.isfinite(lo) and np.isfinite(hi)):
+                bv[j] = _solve_in_bracket(solve, s, j, i + 1, stats, link,
+                                          bstart, bW, bmean, bM2, bM3, l, a)
+            else:
+                bv[j] = solve(s, bstart[j], i + 1, m, bW[j], bmean[j], M2, M3,
+                              l, a, lo, hi)
+    if link != 0:
+        for j in range(nb):
+            if np.isnan(bv[j]):
+                bv[j] = _solve_in_bracket(solve, s, j, _block_end(j, nb, n, bstart),
+                                          stats, link, bstart, bW, bmean, bM2, bM3, l, a)
     if polish_steps > 0:
         hi = np.inf
         for j in range(nb):
             i0 = bstart[j]
-            i1 = bstart[j + 1] if j + 1 < nb else n
+            i1 = _block_end(j, nb, n, bstart)
             lo = bv[j + 1] if j + 1 < nb else -np.inf
             v = bv[j]
             if i1 - i0 > 1:
@@ -366,22 +530,23 @@ def _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
 
 
 @njit(cache=True, inline="always")
-def _pav_blocks(solve, s, w, l, a, pm1, polish_steps, moments3):
+def _pav_blocks(solve, s, w, l, a, pm1, polish_steps, stats, singleton=None, link=0):
     """Allocates the block workspace for one row of length len(s) and runs PAV.
 
     Returns (number of blocks, block start indices, block values).
     """
     n = s.shape[0]
     bstart = np.empty(n, dtype=np.int64)
-    n3 = n if moments3 else 1
+    n3 = n if stats != 0 else 1
     bv = np.empty(n)
-    nb = _pav_row(solve, s, w, l, a, pm1, polish_steps, moments3,
-                  bstart, np.empty(n), np.empty(n), np.empty(n3), np.empty(n3), bv)
+    nb = _pav_row(solve, s, w, l, a, pm1, polish_steps, stats,
+                  bstart, np.empty(n), np.empty(n), np.empty(n3), np.empty(n3), bv,
+                  singleton, link)
     return nb, bstart, bv
 
 
 @njit(cache=True, inline="always")
-def _iso_row(solve, s, w, l, a, pm1, polish_steps, moments3, out):
+def _iso_row(solve, s, w, l, a, pm1, polish_steps, stats, out, singleton=None, link=0):
     n = s.shape[0]
     ok = l > 0.0 and l < np.inf
     for i in range(n):
@@ -390,7 +555,8 @@ def _iso_row(solve, s, w, l, a, pm1, polish_steps, moments3, out):
     if not ok:
         out[:] = np.nan
         return
-    nb, bstart, bv = _pav_blocks(solve, s, w, l, a, pm1, polish_steps, moments3)
+    nb, bstart, bv = _pav_blocks(solve, s, w, l, a, pm1, polish_steps, stats, singleton,
+                                 link)
     for j in range(nb):
         i1 = bstart[j + 1] if j + 1 < nb else n
         for i in range(bstart[j], i1):
@@ -401,22 +567,37 @@ def _iso_row(solve, s, w, l, a, pm1, polish_steps, moments3, out):
 def _iso_batch_p2(s, w, l, a, pm1, out):
     ws = 1 if w.shape[0] > 1 else 0
     for b in prange(s.shape[0]):
-        _iso_row(_solve_p2, s[b], w[b * ws], l[b], a, pm1, 1, False, out[b])
+        _iso_row(_solve_p2, s[b], w[b * ws], l[b], a, pm1, 1, 0, out[b])
 
 
 @njit(cache=True, parallel=True)
 def _iso_batch_cubic(s, w, l, a, pm1, out):
     ws = 1 if w.shape[0] > 1 else 0
     for b in prange(s.shape[0]):
-        _iso_row(_solve_cubic, s[b], w[b * ws], l[b], a, pm1, 3, True, out[b])
+        _iso_row(_solve_cubic, s[b], w[b * ws], l[b], a, pm1, 3, 3, out[b])
 
 
 @njit(cache=True, parallel=True)
 def _iso_batch_general(s, w, l, a, pm1, out):
     ws = 1 if w.shape[0] > 1 else 0
     for b in prange(s.shape[0]):
-        _iso_row(_solve_general, s[b], w[b * ws], l[b], a, pm1, 0, False,
-                 out[b])
+        _iso_row(_solve_general, s[b], w[b * ws], l[b], a, pm1, 0, 0, out[b])
+
+
+@njit(cache=True, parallel=True)
+def _iso_batch_exp(s, w, l, a, pm1, out):
+    ws = 1 if w.shape[0] > 1 else 0
+    for b in prange(s.shape[0]):
+        _iso_row(_solve_exp, s[b], w[b * ws], l[b], a, pm1, 0, 2, out[b],
+                 _link_singleton, 1)
+
+
+@njit(cache=True, parallel=True)
+def _iso_batch_link(s, w, l, a, pm1, out):
+    ws = 1 if w.shape[0] > 1 else 0
+    for b in prange(s.shape[0]):
+        _iso_row(_solve_link, s[b], w[b * ws], l[b], a, pm1, 0, 0, out[b],
+                 _link_singleton, int(a))
 
 
 # ----------------------------------------------------------------------------
@@ -425,9 +606,13 @@ def _iso_batch_general(s, w, l, a, pm1, out):
 
 
 @njit(cache=True, inline="always")
-def _capped_row(solve, xs, k, l, a, pm1, polish_steps, moments3):
+def _capped_row(solve, xs, k, l, a, pm1, polish_steps, stats, singleton=None, link=0):
     """Threshold for one row.  ``xs`` is the row sorted *ascending* by numpy,
-    i.e. laid out as [-inf...][finite ascending][+inf...][nan...]."""
+    i.e. laid out as [-inf...][finite ascending][+inf...][nan...].
+
+    Links never give an exact 0 (nor, except exp, an exact 1): rows whose
+    finite entries would all need one have no finite threshold (NaN), and the
+    exact pre-reduction below (a p-norm property) is skipped."""
     n = xs.shape[0]
     if n > 0 and np.isnan(xs[n - 1]):
         return np.nan
@@ -447,9 +632,9 @@ def _capped_row(solve, xs, k, l, a, pm1, polish_steps, moments3):
     if kf == 0.0:
         if nf == 0:
             return 0.0
-        return float(xs[hi_f - 1]) + l
+        return float(xs[hi_f - 1]) + l if link == 0 else np.nan
     if kf == nf:
-        return float(xs[lo_f]) - 2.0 * l
+        return float(xs[lo_f]) - 2.0 * l if link in (0, 1) else np.nan
     if kf < 0.0 or kf > nf:
         return np.nan
     # 0 < kf < nf.  Descending finite entries: sd(i) = xs[hi_f - 1 - i].
@@ -463,24 +648,27 @@ def _capped_row(solve, xs, k, l, a, pm1, polish_steps, moments3):
     # by the number of leading ones.  (top <= kc - 1 < kf and bot > kf, so the
     # reduced problem is again 0 < k' < n'.)  This keeps time and memory
     # proportional to the window, not to n, when l is small.
-    s_kc = float(xs[hi_f - kc])
-    s_lo = float(xs[hi_f - 1 - kint]) - l
-    top = 0  # number of leading entries with s_i - l >= s_kc
-    hi_i = kc - 1
-    while top < hi_i:  # binary search on a monotone predicate
-        mid = (top + hi_i) // 2
-        if float(xs[hi_f - 1 - mid]) - l >= s_kc:
-            top = mid + 1
-        else:
-            hi_i = mid
-    bot = nf  # first entry (descending order) with s_i <= s_lo
-    lo_i = kint + 1
-    while lo_i < bot:
-        mid = (lo_i + bot) // 2
-        if float(xs[hi_f - 1 - mid]) <= s_lo:
-            bot = mid
-        else:
-            lo_i = mid + 1
+    top = 0
+    bot = nf
+    if link == 0:
+        s_kc = float(xs[hi_f - kc])
+        s_lo = float(xs[hi_f - 1 - kint]) - l
+        top = 0  # number of leading entries with s_i - l >= s_kc
+        hi_i = kc - 1
+        while top < hi_i:  # binary search on a monotone predicate
+            mid = (top + hi_i) // 2
+            if float(xs[hi_f - 1 - mid]) - l >= s_kc:
+                top = mid + 1
+            else:
+                hi_i = mid
+        bot = nf  # first entry (descending order) with s_i <= s_lo
+        lo_i = kint + 1
+        while lo_i < bot:
+            mid = (lo_i + bot) // 2
+            if float(xs[hi_f - 1 - mid]) <= s_lo:
+                bot = mid
+            else:
+                lo_i = mid + 1
     m = bot - top
     kwi = kint - top
     frac = kf - kint
@@ -491,7 +679,8 @@ def _capped_row(solve, xs, k, l, a, pm1, polish_steps, moments3):
     w[:kwi] = 1.0
     if frac > 0.0:
         w[kwi] = frac
-    nb, bstart, bv = _pav_blocks(solve, s, w, l, a, pm1, polish_steps, moments3)
+    nb, bstart, bv = _pav_blocks(solve, s, w, l, a, pm1, polish_steps, stats, singleton,
+                                 link)
     # the (unique) block holding fractional y: a merged block, or the
     # singleton carrying the fractional weight f.  Singletons with weight 0/1
     # have y = 0/1 exactly (decided structurally, not from rounded y).
@@ -508,20 +697,33 @@ def _capped_row(solve, xs, k, l, a, pm1, polish_steps, moments3):
 @njit(cache=True, parallel=True)
 def _cap_batch_p2(xs, k, l, a, pm1, lam):
     for b in prange(xs.shape[0]):
-        lam[b] = _capped_row(_solve_p2, xs[b], k[b], l[b], a, pm1, 1, False)
+        lam[b] = _capped_row(_solve_p2, xs[b], k[b], l[b], a, pm1, 1, 0)
 
 
 @njit(cache=True, parallel=True)
 def _cap_batch_cubic(xs, k, l, a, pm1, lam):
     for b in prange(xs.shape[0]):
-        lam[b] = _capped_row(_solve_cubic, xs[b], k[b], l[b], a, pm1, 3, True)
+        lam[b] = _capped_row(_solve_cubic, xs[b], k[b], l[b], a, pm1, 3, 3)
 
 
 @njit(cache=True, parallel=True)
 def _cap_batch_general(xs, k, l, a, pm1, lam):
     for b in prange(xs.shape[0]):
-        lam[b] = _capped_row(_solve_general, xs[b], k[b], l[b], a, pm1, 0,
-                              False)
+        lam[b] = _capped_row(_solve_general, xs[b], k[b], l[b], a, pm1, 0, 0)
+
+
+@njit(cache=True, parallel=True)
+def _cap_batch_exp(xs, k, l, a, pm1, lam):
+    for b in prange(xs.shape[0]):
+        lam[b] = _capped_row(_solve_exp, xs[b], k[b], l[b], a, pm1, 0, 2,
+                             _link_singleton, 1)
+
+
+@njit(cache=True, parallel=True)
+def _cap_batch_link(xs, k, l, a, pm1, lam):
+    for b in prange(xs.shape[0]):
+        lam[b] = _capped_row(_solve_link, xs[b], k[b], l[b], a, pm1, 0, 0,
+                             _link_singleton, int(a))
 
 
 # ----------------------------------------------------------------------------
@@ -530,7 +732,11 @@ def _cap_batch_general(xs, k, l, a, pm1, lam):
 
 
 def _select(p):
-    """Return (kind, a, p - 1) for the exponent p."""
+    """Return (kind, a, p - 1) for the exponent p, or for a link name."""
+    if isinstance(p, str):
+        if p not in LINKS:
+            raise ValueError(f"unknown link {p!r}; choose from {sorted(LINKS)}")
+        return ("exp" if p == "exp" else "link"), float(LINKS[p]), 0.0
     p = float(p)
     if not (p > 1.0 and np.isfinite(p)):
         raise ValueError(f"p must be a finite number > 1, got {p!r}")
@@ -542,9 +748,11 @@ def _select(p):
 
 
 _ISO = {"p2": _iso_batch_p2, "cubic": _iso_batch_cubic,
-        "general": _iso_batch_general}
+        "general": _iso_batch_general, "exp": _iso_batch_exp,
+        "link": _iso_batch_link}
 _CAP = {"p2": _cap_batch_p2, "cubic": _cap_batch_cubic,
-        "general": _cap_batch_general}
+        "general": _cap_batch_general, "exp": _cap_batch_exp,
+        "link": _cap_batch_link}
 
 
 def _per_row(val, B, name):
@@ -571,7 +779,9 @@ def isotonic_pav(s, w, l, p):
         array is treated as a single row and a 1-D result is returned.
     w : (B, n) or (n,) array, nonincreasing along the row.
     l : (B,) array (or scalar) of positive regularisation strengths.
-    p : python float > 1.  ``p == 2`` and ``p == 4/3`` (``|p - 4/3| <= 1e-9``)
+    p : python float > 1, or a link name (``"exp"``: entropy, closed-form
+        blocks, O(n); ``"sigmoid"``, ``"laplace"``: Newton blocks).
+        ``p == 2`` and ``p == 4/3`` (``|p - 4/3| <= 1e-9``)
         use O(1) block solvers, i.e. O(n) per row; other ``p`` use a
         safeguarded Newton solver, O(n * block size) in the worst case.
         Computation is in float64 (float32 input is converted exactly).
@@ -617,7 +827,9 @@ def capped_simplex_threshold(x, k, l, p):
         buffers, e.g. from jax, are fine).  A 1-D array is one row (scalar out).
     k : (B,) float64 (or scalar), real-valued.
     l : (B,) float64 (or scalar), must be in ``(0, inf)``, else NaN.
-    p : python float > 1.
+    p : python float > 1, or a link name ``"exp"`` (entropy), ``"sigmoid"``
+        or ``"laplace"``; links never give an exact 0 (nor, except exp, an
+        exact 1), so rows that would need one have no finite threshold: NaN.
 
     Non-finite entries
     ------------------
@@ -701,40 +913,8 @@ def _solve_mag_cubic(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
 
 @njit(cache=True)
 def _solve_mag_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
-    """Any p: safeguarded Newton / bisection on F(v) = G(v) - v W (data).
-
-    Same safeguards and stopping rules as :func:`_solve_general`, with
-    ``-dF/dv = dG + W``.  O(|B|) per step.
-    """
-    if not (lo < hi):
-        return lo
-    tol = 4.0 * _EPS * max(abs(lo), abs(hi), abs(mean))
-    v = 0.5 * (lo + hi)
-    Fprev = np.inf
-    for _ in range(_MAXIT):
-        G, dG = _block_eval(s, i0, i1, v, l, a)
-        F = G - v * W
-        if F == 0.0:
-            return v
-        if F > 0.0:
-            lo = v
-        else:
-            hi = v
-        if hi - lo <= tol:
-            return 0.5 * (lo + hi)
-        D = dG + W
-        vn = 0.5 * (lo + hi)
-        if D > 0.0 and D < np.inf and abs(F) <= 0.5 * abs(Fprev):
-            newton = v + F / D
-            if lo < newton < hi:
-                vn = newton
-        Fprev = F
-        if abs(vn - v) <= tol:
-            if abs(F) <= 16.0 * _EPS * (abs(G) + abs(v * W)):
-                return vn
-            vn = 0.5 * (lo + hi)
-        v = vn
-    return v
+    """Any p: :func:`_newton_block` on F(v) = G(v) - v W (``slope = 1``)."""
+    return _newton_block(s, i0, i1, m, W, mean, 0.5 * (lo + hi), l, a, 0, lo, hi, 1.0)
 
 
 @njit(cache=True)
@@ -759,7 +939,7 @@ def _mag_singleton_general(s, i, w, l, a, pm1):
 
 
 @njit(cache=True, inline="always")
-def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, moments3):
+def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, stats):
     """Threshold of one row; ``xa`` = |x| sorted ascending ([finite][inf][nan]).
 
     ``+inf`` magnitudes are kept (they use up ``k``); ``k_f = k - #inf``:
@@ -794,11 +974,7 @@ def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, moments3):
     w[:kint] = 1.0
     if kf > kint:
         w[kint] = kf - kint
-    n3 = m if moments3 else 1
-    bstart = np.empty(m, dtype=np.int64)
-    bv = np.empty(m)
-    nb = _pav_row(solve, s, w, l, a, pm1, 0, moments3, bstart, np.empty(m),
-                  np.empty(m), np.empty(n3), np.empty(n3), bv, singleton)
+    nb, bstart, bv = _pav_blocks(solve, s, w, l, a, pm1, 0, stats, singleton)
     # the block holding the fractional coordinates: a merged block, or the
     # singleton with weight f; its value is lam.
     for j in range(nb):
@@ -823,21 +999,21 @@ def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, moments3):
 def _mag_batch_p2(xa, k, l, a, pm1, lam):
     for b in prange(xa.shape[0]):
         lam[b] = _mag_row(_solve_mag_p2, _mag_singleton_p2, xa[b], k[b], l[b],
-                          a, pm1, 1, False)
+                          a, pm1, 1, 0)
 
 
 @njit(cache=True, parallel=True)
 def _mag_batch_cubic(xa, k, l, a, pm1, lam):
     for b in prange(xa.shape[0]):
         lam[b] = _mag_row(_solve_mag_cubic, _mag_singleton_cubic, xa[b], k[b],
-                          l[b], a, pm1, 3, True)
+                          l[b], a, pm1, 3, 3)
 
 
 @njit(cache=True, parallel=True)
 def _mag_batch_general(xa, k, l, a, pm1, lam):
     for b in prange(xa.shape[0]):
         lam[b] = _mag_row(_solve_mag_general, _mag_singleton_general, xa[b],
-                          k[b], l[b], a, pm1, 0, False)
+                          k[b], l[b], a, pm1, 0, 0)
 
 
 _MAG = {"p2": _mag_batch_p2, "cubic": _mag_batch_cubic,
