@@ -23,6 +23,8 @@ NAMES = [
     "dykstra_stopping",
     "regularizer_family",
     "magnitude_threshold",
+    "grad_topk",
+    "sparse_softmax",
 ]
 
 

@@ -1,0 +1,299 @@
+r"""Smooth (dense) top-k operators of seed 001: GradTopK and the iterative softmax.
+
+Both map :math:`x \in \mathbb{R}^n` to a soft top-k mask with entries summing to
+``k``; neither is sparse (in exact arithmetic every entry is > 0 for finite inputs;
+in floating point the smallest ones underflow to 0).
+
+* :func:`grad_topk` is the gradient of a smoothed sum of the k largest entries,
+
+  .. math::
+
+      \mathrm{grad\_topk}(x) = \nabla_u \log e_k(e^{u}) \Big|_{u = x / l},\qquad
+      e_k(w) = \sum_{|S| = k} \prod_{i \in S} w_i ,
+
+  the elementary symmetric polynomial of degree k. It is exactly feasible
+  (:math:`0 < y_i < 1`, :math:`\sum_i y_i = k`), monotone, shift invariant, tends to
+  the hard top-k mask as :math:`l \to 0` and is ``softmax(x / l)`` for ``k = 1``
+  (``proofs/grad_topk.md``). It is also a regularized LP over the capped simplex,
+  with a non-separable regularizer: :math:`\log e_k(e^u)` is the log-partition
+  function of the distribution :math:`q(S) \propto e^{\sum_{i\in S} u_i}` over
+  k-subsets, so :math:`y = \arg\max_{y \in C_k} \langle u, y\rangle + H_k(y)` with
+  :math:`H_k(y)` the largest entropy of a distribution over k-subsets with
+  marginals :math:`y` (Fenchel duality), and :math:`y_i = P_q(i \in S)`.
+
+* :func:`iterative_softmax_topk` is the seed's heuristic: ``k`` rounds of softmax,
+  each damping what earlier rounds took. Kept as a baseline; it is not exactly a
+  top-k relaxation (entries can exceed 1, and it is not monotone; see its docstring).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+from implicit_topk import _validation
+
+__all__ = ["grad_topk", "iterative_softmax_topk"]
+
+
+def _check_static_k(k, n: int, op: str) -> int:
+  """k must be a Python (or NumPy) int with 0 < k < n: it fixes a loop length."""
+  if isinstance(k, jax.core.Tracer) or not isinstance(k, numbers.Integral) or isinstance(k, bool):
+    raise TypeError(
+        f"`k` must be a static Python int for {op} (it sets the length of a loop); got {k!r}.")
+  _validation.check_k(int(k), n)
+  return int(k)
+
+
+def _prepare(x, l, axis):
+  """Validated input moved to the last axis in the compute dtype, and ``l`` per row."""
+  x = _validation.as_float_input(x)
+  axis = _validation.canonicalize_axis(axis, x.ndim)
+  _validation.check_positive(l, "l")
+  dtype = _validation.compute_dtype(x.dtype)
+  moved = jnp.moveaxis(x, axis, -1).astype(dtype)
+  l = jnp.asarray(l, dtype)
+  return x, axis, moved, jnp.expand_dims(l, -1) if l.ndim else l
+
+
+# ---------------------------------------------------------------------------------------
+# GradTopK: log e_k by a log-space dynamic program
+# ---------------------------------------------------------------------------------------
+
+
+def _logaddexp(a, b):
+  """log(e^a + e^b) for a, b in [-inf, inf), with finite derivatives everywhere.
+
+  ``jnp.logaddexp`` gives a wrong tangent when both arguments are ``-inf`` (it
+  returns ``t_a + t_b``) and a nonzero weight on a ``-inf`` argument next to a finite
+  one in forward mode, which would leak garbage from the unreachable states of the
+  dynamic program below. Here an argument equal to ``-inf`` gets weight exactly 0.
+  """
+  m = jax.lax.stop_gradient(jnp.maximum(a, b))
+  finite = m > -jnp.inf
+  m0 = jnp.where(finite, m, 0)
+  s = jnp.exp(a - m0) + jnp.exp(b - m0)
+  return jnp.where(finite, m0 + jnp.log(jnp.where(finite, s, 1)), -jnp.inf)
+
+
+def _esp_step(log_e, u_i):
+  """One item: log e_j(u_1..u_i) = logaddexp(log e_j(u_1..u_{i-1}), u_i + log e_{j-1}(..))."""
+  new = _logaddexp(log_e[..., 1:], u_i[..., None] + log_e[..., :-1])
+  return jnp.concatenate([log_e[..., :1], new], axis=-1), None
+
+
+def _log_esp(u, k: int):
+  r"""``log e_k(exp(u))`` along the last axis, O(n k) time, O(k sqrt(n)) saved state.
+
+  The carry holds :math:`\log e_j(u_1..u_i)`, ``j = 0..k`` (``-inf`` for ``j > i``).
+  Every update adds positive terms (``logaddexp``): there is no subtraction, so no
+  cancellation, whatever the spread of ``u`` or the size of ``k``. The input is
+  centred at its (stop-gradient) maximum, so all exponents are <= 0.
+
+  The scan runs in ``ceil(n / T)`` blocks of ``T = ceil(sqrt(n))`` items, each block
+  under :func:`jax.checkpoint`: reverse mode stores the carry at block boundaries
+  (O(k n / T)) and recomputes one block at a time (O(k T)), instead of O(n k)
+  residuals for a plain scan. Padding items are ``-inf`` (weight 0).
+  """
+  n = u.shape[-1]
+  c = jax.lax.stop_gradient(jnp.max(u, axis=-1, keepdims=True))
+  us = jnp.moveaxis(u - c, -1, 0)  # (n, *batch)
+  block = max(1, math.isqrt(n - 1) + 1)
+  n_blocks = -(-n // block)
+  pad = n_blocks * block - n
+  if pad:
+    us = jnp.concatenate([us, jnp.full((pad,) + us.shape[1:], -jnp.inf, us.dtype)])
+  us = us.reshape((n_blocks, block) + us.shape[1:])
+  batch = u.shape[:-1]
+  init = jnp.concatenate([jnp.zeros(batch + (1,), u.dtype),
+                          jnp.full(batch + (k,), -jnp.inf, u.dtype)], axis=-1)
+
+  @jax.checkpoint
+  def run_block(log_e, u_block):
+    log_e, _ = jax.lax.scan(_esp_step, log_e, u_block)
+    return log_e, None
+
+  log_e, _ = jax.lax.scan(run_block, init, us)
+  return log_e[..., k] + k * c[..., 0]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _grad_topk_last_axis(u, k: int):
+  log_z, vjp = jax.vjp(lambda u: _log_esp(u, k), u)
+  (y,) = vjp(jnp.ones_like(log_z))
+  return jnp.where(jnp.isfinite(log_z)[..., None], y, jnp.nan)
+
+
+def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
+  r"""GradTopK (seed 001): the gradient of the log-sum-exp over all k-subsets.
+
+  .. math::
+
+      y = \nabla_u \log \sum_{S \subseteq [n],\ |S| = k} \exp\Big(\sum_{i \in S} u_i\Big)
+      \Big|_{u = x / l},
+      \qquad
+      y_i = \frac{\sum_{S \ni i} e^{u_S}}{\sum_{S} e^{u_S}} = P_q(i \in S),
+
+  the inclusion probabilities of the distribution :math:`q(S) \propto e^{u_S}` over
+  k-subsets. Equivalently
+  :math:`y = \arg\max_{y \in [0,1]^n,\ \sum y = k} \langle x, y\rangle + l\,H_k(y)`,
+  :math:`H_k(y)` the largest entropy of a distribution over k-subsets with
+  marginals :math:`y`. Properties (``proofs/grad_topk.md``): :math:`0 < y_i < 1`,
+  :math:`\sum_i y_i = k` (exactly, up to rounding: entries near 1 can exceed it by
+  a few ulps); :math:`x_i > x_j \Rightarrow
+  y_i > y_j`; ``y(x + c) = y(x)``; :math:`\|y - \mathrm{hard}\|_\infty \le
+  \max(k, n-k)\, e^{-(x_{(k)} - x_{(k+1)})/l}`, so :math:`y \to` the hard top-k mask
+  as :math:`l \to 0`; ``k = 1`` gives ``softmax(x / l)``. Not sparse; smooth
+  (:math:`C^\infty`), with Jacobian :math:`\mathrm{Cov}_q(1_S)/l` (symmetric PSD).
+
+  Computation: :math:`\log e_k(e^u)` by the dynamic program
+  :math:`e_j(u_{1..i}) = e_j(u_{1..i-1}) + e^{u_i} e_{j-1}(u_{1..i-1})` in log space
+  (``logaddexp`` of positive terms only), then ``y`` by reverse-mode autodiff of
+  that scan. Seed 001's recursion
+  :math:`Z_{k,i} = e^{x_i}(Z_{k-1} - Z_{k-1,i})` subtracts nearly equal numbers and
+  returns NaN for large spreads or large k (e.g. ``100 * randn(10)``, ``k = 5``);
+  this one stays finite and accurate (on that input: absolute error ~5e-16 in
+  float64, ~3e-7 in float32; on ``100 * randn(30)``, ``k = 15``, relative error
+  ~2e-13 in float64 vs 80-digit arithmetic; see ``tests/test_smooth_topk.py``).
+
+  Cost per row: O(n k) time (a sequential scan of n steps over a carry of k + 1
+  values; sequential in n, so slower on accelerators than the threshold operators).
+  Memory: the scan runs in sqrt(n)-sized blocks under :func:`jax.checkpoint`, so
+  computing ``y`` (a reverse pass) stores O(k sqrt(n)) values per row instead of
+  O(n k) (measured, float32, batch 4, n = 4096, k = 256: 1.2 MiB of temporaries
+  instead of 52 MiB, and no slower). Derivatives of ``y`` (second-order autodiff
+  through the scan) still store O(n k) per row (56 MiB instead of 200 MiB in that
+  case). Forward and reverse mode both work.
+
+  Args:
+    x: float array (float16/bfloat16 are computed in float32 and cast back).
+    k: static Python int, 0 < k < n.
+    l: temperature > 0, scalar or broadcastable to the batch shape (``x`` without
+      ``axis``).
+    axis: the axis along which to select.
+
+  Returns:
+    An array with the shape and dtype of ``x``.
+
+  Non-finite inputs: ``-inf`` entries get 0 (if at least ``k`` entries are finite;
+  otherwise no k-subset has positive weight and the row is NaN). NaN or ``+inf``
+  in a row gives a row of NaN.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> y = grad_topk(jnp.array([3.0, 1.0, 2.0, 0.0]), k=2, l=0.1)
+    >>> [round(float(v), 3) for v in y]
+    [1.0, 0.0, 1.0, 0.0]
+  """
+  x, axis, moved, l = _prepare(x, l, axis)
+  k = _check_static_k(k, moved.shape[-1], "grad_topk")
+  y = _grad_topk_last_axis(moved / l, k)
+  return jnp.moveaxis(y, -1, axis).astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Iterative softmax (seed 001's first construction, and the weighted-softmax variant)
+# ---------------------------------------------------------------------------------------
+
+
+def _exclusive_cumsum(v):
+  """(0, v_1, v_1 + v_2, ...): sums of the entries strictly before each index."""
+  return jnp.concatenate([jnp.zeros_like(v[..., :1]), jnp.cumsum(v[..., :-1], axis=-1)], axis=-1)
+
+
+def _leave_one_out_sum(v):
+  """sum_{m != j} v_m for every j, without the cancellation of sum(v) - v_j."""
+  prefix = _exclusive_cumsum(v)
+  suffix = jnp.flip(_exclusive_cumsum(jnp.flip(v, -1)), -1)
+  return prefix + suffix
+
+
+def _iterative_logits(u, k: int):
+  u = u - jnp.min(u, axis=-1, keepdims=True)
+
+  def body(p, _):
+    return p + jax.nn.softmax((1 - p) * u, axis=-1), None
+
+  p, _ = jax.lax.scan(body, jnp.zeros_like(u), None, length=k)
+  return p
+
+
+def _iterative_weighted(u, k: int):
+  # p <- p + w e / <w, e> with w = 1 - p and e = exp(u - max u). The weights are
+  # updated as w <- w (Z_{-j} - p_j e_j) / Z, Z = <w, e>, Z_{-j} = sum_{m != j} w_m e_m,
+  # which equals 1 - p in exact arithmetic but avoids forming 1 - p (for p_j = 1 - eps
+  # that rounds to 0, which would hide the variant's true limit).
+  e = jnp.exp(u - jnp.max(u, axis=-1, keepdims=True))
+
+  def body(carry, _):
+    p, w = carry
+    v = w * e
+    z = jnp.sum(v, axis=-1, keepdims=True)
+    return (p + v / z, w * (_leave_one_out_sum(v) - p * e) / z), None
+
+  (p, _), _ = jax.lax.scan(body, (jnp.zeros_like(u), jnp.ones_like(u)), None, length=k)
+  return p
+
+
+_VARIANTS = {"logits": jax.jit(_iterative_logits, static_argnums=1),
+             "weighted": jax.jit(_iterative_weighted, static_argnums=1)}
+
+
+def iterative_softmax_topk(x, k: int, l=1.0, *, variant: str = "logits", axis: int = -1):
+  r"""Seed 001's iterative soft top-k: ``k`` rounds of softmax (a heuristic baseline).
+
+  ``variant="logits"`` (the seed author's construction), with
+  :math:`u = (x - \min_i x_i) / l` and :math:`p^{(0)} = 0`:
+
+  .. math::
+
+      p^{(t)} = p^{(t-1)} + \mathrm{softmax}\big((1 - p^{(t-1)}) \odot u\big),
+      \qquad t = 1, \dots, k .
+
+  ``variant="weighted"`` (the Stack Exchange answer the seed quotes):
+  :math:`p^{(t)} = p^{(t-1)} + \mathrm{softmax}(x / l;\ w = 1 - p^{(t-1)})`, with
+  :math:`\mathrm{softmax}(u; w)_i = w_i e^{u_i} / \sum_j w_j e^{u_j}`.
+
+  What holds (checked in ``tests/test_smooth_topk.py``):
+
+  * :math:`\sum_i p_i = k` by construction (each round adds a distribution), up to
+    rounding; shift invariance ``p(x + c) = p(x)``; ``k = 1`` gives
+    ``softmax(x / l)``.
+  * ``"logits"``: tends to the hard top-k mask as :math:`l \to 0` for distinct
+    entries. But entries can exceed 1 and the map is not monotone: ``x = [0, 6, 0]``,
+    ``k = 2``, ``l = 1`` gives ``[0.33, 1.34, 0.33]`` (the minimum entries always get
+    logit 0, so once only minima are left the largest entry is picked again), and
+    ``x = [0, 5, 6]``, ``k = 2``, ``l = 1`` gives ``[0.02, 1.13, 0.84]`` (5 gets more
+    than 6). So it is not a map into the capped simplex.
+  * ``"weighted"``: does not converge to a top-k mask. For ``k = 2`` and
+    :math:`l \to 0` it tends to 1.5 at the largest entry and 0.5 at the second
+    (:math:`1 - p_{\max} \approx e^{-(x_{(1)} - x_{(2)})/l}` cancels the largest
+    weight :math:`e^{x_{(1)}/l}` instead of removing it). The weights are updated
+    without forming ``1 - p``, so this limit shows in floating point as long as
+    :math:`e^{-(x_{(1)} - x_{(2)})/l}` does not underflow (gap / l below ~700 in
+    float64, ~87 in float32); beyond that the round normalizers are 0 and the
+    result is NaN. For ``k >= 3`` weights can become negative.
+
+  Cost: O(n k) time (``k`` sequential softmax passes), O(n) memory forward and
+  O(n k) for reverse-mode autodiff (it is differentiated by unrolling the k rounds).
+  Not sparse; smooth.
+
+  Args:
+    x: float array (float16/bfloat16 are computed in float32 and cast back).
+    k: static Python int, 0 < k < n (the number of rounds).
+    l: temperature > 0, scalar or broadcastable to the batch shape.
+    variant: ``"logits"`` or ``"weighted"``.
+    axis: the axis along which to select.
+
+  Returns:
+    An array with the shape and dtype of ``x``.
+  """
+  _validation.check_choice(variant, "variant", _VARIANTS)
+  x, axis, moved, l = _prepare(x, l, axis)
+  k = _check_static_k(k, moved.shape[-1], "iterative_softmax_topk")
+  p = _VARIANTS[variant](moved / l, k)
+  return jnp.moveaxis(p, -1, axis).astype(x.dtype)
