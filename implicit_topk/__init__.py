@@ -1,18 +1,26 @@
 """implicit_topk: sparse, differentiable top-k operators for JAX.
 
-Top-k as a regularized linear program over the capped simplex, solved exactly (numba
-PAV or a pure-JAX threshold Newton) and differentiated implicitly.
+Top-k (and sort, rank, quantile) as regularized linear programs over the capped simplex
+and the permutahedron, solved exactly (numba PAV, a pure-JAX threshold Newton) or
+approximately (Dykstra), and differentiated implicitly.
 """
 
 from implicit_topk.hard import hard_topk_mag, hard_topk_mask
 from implicit_topk.magnitude import soft_topk_mag
 from implicit_topk.ops import soft_topk_mask
-from implicit_topk.regularizers import PNorm
+from implicit_topk.permutahedron import (permutahedron_argmax, soft_quantile, soft_rank, soft_sort,
+                                         soft_topk_values)
+from implicit_topk.regularizers import BinaryEntropy, Entropy, Laplace, PNorm, Regularizer
+from implicit_topk.smooth_topk import grad_topk, iterative_softmax_topk
 from implicit_topk.solvers import DykstraSolver, OptStep, PAVSolver, RootState, ThresholdSolver
+from implicit_topk.sparse_softmax import sparse_softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "soft_topk_mask", "soft_topk_mag", "hard_topk_mask", "hard_topk_mag", "PNorm",
+    "soft_topk_mask", "soft_topk_mag", "hard_topk_mask", "hard_topk_mag",
+    "soft_sort", "soft_rank", "soft_quantile", "soft_topk_values", "permutahedron_argmax",
+    "grad_topk", "iterative_softmax_topk", "sparse_softmax",
+    "Regularizer", "PNorm", "Entropy", "BinaryEntropy", "Laplace",
     "PAVSolver", "ThresholdSolver", "DykstraSolver", "OptStep", "RootState",
 ]

@@ -30,6 +30,8 @@ A regularizer is one small object with (the :class:`Regularizer` protocol):
   every :math:`y_i \ge k/n`, at :math:`\max_i x_i - l\,\omega'(k/n)` every
   :math:`y_i \le k/n`;
 * ``omega(y)``: the regularizer itself (objective values, Fenchel-Young losses);
+* ``link(z)`` (optional): the unclipped :math:`g` on the whole real line, for
+  permutahedra of a general ``w`` (soft sort and rank, :mod:`implicit_topk.permutahedron`);
 * ``pav_link`` (optional): the link :math:`z \mapsto (g(z), g'(z))` on the whole
   real line as a numba-compiled function, for the exact ``"pav"`` solver
   (:mod:`implicit_topk.solvers.pav_kernels` solves each PAV block with it). Built-in
@@ -98,17 +100,26 @@ class PNorm:
     return (0.0, 1.0)
 
   @property
-  def pav_exponent(self) -> float:
-    """The p handed to the numba PAV kernels."""
-    return self.p
-
-  @property
   def pav_kind(self) -> tuple[str, float]:
     """The numba PAV kernel: closed forms for p = 2 and 4/3, Newton for other p."""
     return ("pnorm", self.p)
 
   def omega_prime(self, t):
     return jnp.power(t, self.p - 1.0)
+
+  def link(self, z):
+    """g(z) = sign(z) |z|^a on the whole line (permutahedra with any w).
+
+    For a < 1 (p > 2) the derivative at 0 is infinite; it is returned as 0 there.
+    """
+    a = self.exponent
+    if a == 1:
+      return z
+    if isinstance(a, int):
+      return z * jnp.abs(z) ** (a - 1)
+    nonzero = z != 0
+    safe = jnp.where(nonzero, jnp.abs(z), 1.0)
+    return jnp.where(nonzero, jnp.sign(z) * jnp.power(safe, jnp.asarray(a, z.dtype)), 0.0)
 
   def omega(self, y):
     return jnp.abs(y) ** self.p / self.p
@@ -150,6 +161,10 @@ class Entropy:
 
   def omega_prime(self, t):
     return jnp.log(t)
+
+  def link(self, z):
+    """g(z) = exp(z) on the whole line (permutahedra of positive w: soft ranks)."""
+    return jnp.exp(z)
 
   def omega(self, y):
     return jax.scipy.special.xlogy(y, y) - y
