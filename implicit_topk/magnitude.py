@@ -46,6 +46,7 @@ and ``"dykstra"`` (``p = 2``: the weighted isotonic regression of
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -298,12 +299,7 @@ class MagnitudePAVSolver(MagnitudeSolver):
 
   def _solve(self, init, x, k, l):
     del init  # PAV is a direct method.
-    p = float(self.p)
-    out = jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)
-    lam = jax.pure_callback(
-        lambda x_, k_, l_: _host_threshold(p, x_, k_, l_), out, x, k, l,
-        vmap_method="broadcast_all")
-    return lam, jnp.zeros(x.shape[:-1], jnp.int32)
+    return _pav.host_root(functools.partial(_host_threshold, float(self.p)), x, k, l)
 
 
 @dataclasses.dataclass(frozen=True)

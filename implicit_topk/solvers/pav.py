@@ -12,6 +12,7 @@ The callback runs on the host: on GPU/TPU prefer the ``"threshold"`` solver.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 
@@ -52,6 +53,17 @@ def _host_threshold(p, x, k, l):
   return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
 
 
+def host_root(host_fn, x, k, l):
+  """Thresholds from a host kernel, one ``pure_callback`` for the whole batch.
+
+  ``host_fn(x, k, l) -> lam`` (numpy, shape ``x.shape[:-1]``); a direct method, so the
+  iteration count is 0.
+  """
+  out = jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)
+  lam = jax.pure_callback(host_fn, out, x, k, l, vmap_method="broadcast_all")
+  return lam, jnp.zeros(x.shape[:-1], jnp.int32)
+
+
 def kernel_spec(regularizer):
   """What the numba kernels take for a regularizer: the p of a p-norm, or a link name.
 
@@ -73,9 +85,4 @@ class PAVSolver(CappedSimplexSolver):
 
   def _solve(self, init, x, k, l):
     del init  # PAV is a direct method.
-    p = kernel_spec(self.regularizer)
-    out = jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)
-    lam = jax.pure_callback(
-        lambda x_, k_, l_: _host_threshold(p, x_, k_, l_), out, x, k, l,
-        vmap_method="broadcast_all")
-    return lam, jnp.zeros(x.shape[:-1], jnp.int32)
+    return host_root(functools.partial(_host_threshold, kernel_spec(self.regularizer)), x, k, l)
