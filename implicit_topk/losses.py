@@ -1,0 +1,448 @@
+r"""Losses for top-k learning: top-k cross-entropy, Fenchel-Young, smooth top-k SVM, soft error.
+
+* :func:`topk_cross_entropy`: difftopk's ``TopKCrossEntropyLoss`` (Petersen et al., ICML
+  2022) on our sparse soft top-k mask (default) or on any baseline of
+  :mod:`implicit_topk.baselines`.
+* :func:`topk_fenchel_young_loss`: the Fenchel-Young loss of the regularized top-k LP:
+  convex in the scores, gradient :math:`y^\star(\theta) - y` (sparse).
+* :func:`smooth_topk_svm_loss`: the smooth top-k SVM loss (Berrada, Zisserman & Kumar,
+  ICLR 2018, from Lapin et al.'s top-k SVM), difftopk's ``SmoothTopKLoss`` and
+  ``SmoothHardTopKLoss``.
+* :func:`soft_error_loss`: the soft 0/1 error from soft ranks (seed 003's training
+  example, Blondel et al. 2020).
+
+None of them builds an :math:`n \times n` array (the baselines selected by name in
+:func:`topk_cross_entropy` may: NeuralSort, SoftSort and the full sorting networks are
+quadratic by construction).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from implicit_topk import _validation
+from implicit_topk import baselines
+from implicit_topk import ops
+from implicit_topk import permutahedron
+from implicit_topk import regularizers
+
+TOP1_MODES = ("sm", "smce", "sort")
+REDUCTIONS = ("mean", "sum", "none")
+METHODS = ("sparse", "neuralsort", "softsort", "odd_even", "bitonic", "perturbed", "ot")
+
+
+def _reduce(values, reduction):
+  if reduction == "mean":
+    return jnp.mean(values)
+  if reduction == "sum":
+    return jnp.sum(values)
+  return values
+
+
+def _check_labels(labels, logits):
+  labels = jnp.asarray(labels)
+  if not jnp.issubdtype(labels.dtype, jnp.integer):
+    raise TypeError(f"`labels` must be an integer array of class indices; got {labels.dtype}.")
+  if labels.shape != logits.shape[:-1]:
+    raise ValueError(f"`labels` must have shape {logits.shape[:-1]} (logits without the class axis); "
+                     f"got {labels.shape}.")
+  concrete = _validation._concrete(labels)  # pylint: disable=protected-access
+  n = logits.shape[-1]
+  if concrete is not None and concrete.size and not np.all((concrete >= 0) & (concrete < n)):
+    raise ValueError(f"`labels` must lie in [0, {n}) (the number of classes); got {concrete!r}.")
+  return labels
+
+
+def _check_p_k(p_k):
+  try:
+    p_k = tuple(float(v) for v in p_k)
+  except TypeError:
+    raise TypeError(f"`p_k` must be a sequence of floats (static); got {p_k!r}.") from None
+  if not p_k or any(not math.isfinite(v) or v < 0 for v in p_k) or abs(sum(p_k) - 1.0) > 1e-4:
+    raise ValueError(f"`p_k` must be a nonempty list of probabilities >= 0 summing to 1 "
+                     f"(P_K over k = 1..K); got {p_k!r} (sum {sum(p_k) if p_k else 0}).")
+  return p_k
+
+
+def _safe_log(v):
+  """log(v) for v >= 0 with -inf (not NaN) value *and* finite gradients at v = 0."""
+  positive = v > 0
+  return jnp.where(positive, jnp.log(jnp.where(positive, v, 1.0)), -jnp.inf)
+
+
+def _select_m(logits, labels, m):
+  """difftopk's hard preselection: the true class first, then the m-1 largest others."""
+  n = logits.shape[-1]
+  true = jnp.take_along_axis(logits, labels[..., None], axis=-1)
+  others = jnp.where(jnp.arange(n) == labels[..., None], -jnp.inf, logits)
+  _, idx = jax.lax.top_k(jax.lax.stop_gradient(others), m - 1)
+  rest = jnp.take_along_axis(logits, idx, axis=-1)
+  return jnp.concatenate([true, rest], axis=-1), jnp.zeros_like(labels)
+
+
+def _memberships(method, scores, ks, *, l, p, regularizer, solver, inverse_temperature, distribution,
+                 art_lambda, num_samples, key):
+  """P(j in top-k) for each k in ks: shape batch + (len(ks), n)."""
+  n = scores.shape[-1]
+  if callable(method):
+    return method(scores, ks)
+  kmax = max(ks)
+  if method == "sparse":
+    batch = scores.shape[:-1]
+    k_arr = jnp.asarray(ks, scores.dtype).reshape((len(ks),) + (1,) * len(batch))
+    stacked = jnp.broadcast_to(scores, (len(ks),) + scores.shape)
+    y = ops.soft_topk_mask(stacked, jnp.broadcast_to(k_arr, (len(ks),) + batch), l=l, p=p,
+                           regularizer=regularizer, solver=solver)
+    return jnp.moveaxis(y, 0, -2)
+  tau = 1.0 / inverse_temperature
+  if method == "neuralsort":
+    return baselines.memberships_from_permutation(baselines.neuralsort(scores, tau=tau), ks)
+  if method == "softsort":
+    return baselines.memberships_from_permutation(baselines.softsort(scores, tau=tau), ks)
+  if method in ("odd_even", "bitonic"):
+    _, perm = baselines.sorting_network(scores, network=method, steepness=inverse_temperature,
+                                        distribution=distribution, art_lambda=art_lambda, k=kmax)
+    return baselines.memberships_from_permutation(perm, ks)
+  if method == "perturbed":
+    if key is None:
+      raise ValueError("method='perturbed' needs `key` (a jax.random key for the noise).")
+    return baselines.perturbed_topk_memberships(scores, ks, sigma=tau, num_samples=num_samples, key=key)
+  if method == "ot":
+    return jnp.stack([baselines.ot_topk_mask(scores, k, epsilon=tau) for k in ks], axis=-2)
+  raise ValueError(f"`method` must be one of {list(METHODS)} or a callable; got {method!r}.")
+
+
+def topk_cross_entropy(
+    logits,
+    labels,
+    *,
+    p_k: Sequence[float],
+    m: int | None = None,
+    method: str | Callable = "sparse",
+    top1_mode: str = "sm",
+    l=1.0,
+    p: float = 4.0 / 3.0,
+    regularizer=None,
+    solver: str = "auto",
+    inverse_temperature=1.0,
+    distribution: str = "cauchy",
+    art_lambda=0.25,
+    num_samples: int = 100,
+    key=None,
+    eps: float = 1e-7,
+    reduction: str = "mean",
+):
+  r"""Top-k cross-entropy (difftopk's ``TopKCrossEntropyLoss``) on a soft top-k operator.
+
+  With :math:`P_K` a distribution over :math:`k = 1..K` (``p_k[k-1]``) and
+  :math:`q_k(j) \in [0, 1]` the soft membership of class ``j`` in the top ``k`` (the soft
+  top-k mask: :math:`\sum_j q_k(j) = k`), the loss of an example with label ``c`` is
+
+  .. math::
+
+      \ell = -\log\big((1 - 2\epsilon)\, D_c + \epsilon\big), \qquad
+      D_c = \sum_{k=1}^{K} P_K(k)\, q_k(c) \quad (\texttt{top1\_mode="sort"}),
+
+  with the top-1 term replaced by the softmax, :math:`D_c = P_K(1)\,\mathrm{softmax}(s)_c +
+  \sum_{k \ge 2} P_K(k)\, q_k(c)` (``"sm"``, difftopk's default, more stable), or the
+  top-1 part taken as a separate cross-entropy, :math:`\ell = P_K(1)\,\mathrm{CE}(s, c) +
+  (\sum_{k\ge2} P_K(k))\,(-\log((1-2\epsilon) D'_c + \epsilon))`,
+  :math:`D'_c = \sum_{k\ge 2} P_K(k)\, q_k(c)` (``"smce"``). So ``p_k = [1, 0, ...]`` with
+  ``"sm"`` or ``"smce"`` is the softmax cross-entropy (exactly with ``eps=0``; with the
+  default ``eps`` the two differ by less than :math:`2\epsilon/D_c`).
+
+  ``m`` (difftopk's cost cut): only the true class and the ``m - 1`` largest other
+  logits (picked by ``lax.top_k``, a hard choice, no gradient through the choice) are
+  relaxed, and the softmax of ``"sm"``/``"smce"`` is over those ``m`` too (as in difftopk).
+
+  Exact zeros: the sparse operator gives :math:`q_k(c) = 0` exactly when class ``c`` is
+  below the threshold. Everything is computed in log space: :math:`\log D_c` is
+  :math:`-\infty` there (never NaN, gradients finite), and the :math:`\epsilon` floor
+  (difftopk's 1e-7) caps the loss at :math:`-\log\epsilon \approx 16.1`; where
+  :math:`D_c = 0` the loss is locally constant (gradient exactly 0: the label is outside
+  every relaxed top-k, as with a hard top-k). With ``top1_mode="sm"`` and ``p_k[0] > 0``
+  the softmax term keeps :math:`D_c > 0` and a gradient always flows; that is the only
+  setting where ``eps=0`` is accepted (otherwise the loss could be :math:`+\infty`).
+
+  Where we differ from difftopk: the default operator is our sparse mask
+  (``l``, ``p``/``regularizer``, ``solver``); the membership for a sorting network is
+  read from :func:`~implicit_topk.baselines.sorting_network` with ``k = K`` (difftopk's
+  ``bitonic`` uses its sparse evaluation, ``odd_even`` the dense one; same values);
+  difftopk's ``splitter_selection`` network is not provided; ``perturbed`` and ``ot`` are
+  extra; ``reduction`` is ours (difftopk: the mean).
+
+  Args:
+    logits: float array ``(..., n)`` (classes on the last axis).
+    labels: int array ``(...)`` of class indices.
+    p_k: the distribution :math:`P_K`, a static sequence of ``K`` floats >= 0 summing to 1.
+    m: ``None`` or an int with ``K < m < n``.
+    method: ``"sparse"`` (default: :func:`~implicit_topk.soft_topk_mask`), ``"neuralsort"``,
+      ``"softsort"``, ``"odd_even"``, ``"bitonic"``, ``"perturbed"``, ``"ot"``, or a
+      callable ``(scores (..., n'), ks) -> memberships (..., len(ks), n')``.
+    top1_mode: ``"sm"``, ``"smce"`` or ``"sort"`` (see above).
+    l, p, regularizer, solver: the sparse mask's options (``method="sparse"``).
+    inverse_temperature: the baselines' :math:`\beta` (difftopk's name): NeuralSort and
+      SoftSort ``tau = 1/beta``, sorting networks ``steepness = beta``, perturbed
+      ``sigma = 1/beta``, OT ``epsilon = 1/beta``.
+    distribution, art_lambda: the sorting networks' relaxation.
+    num_samples, key: the perturbed method's Monte Carlo draws and random key.
+    eps: the probability floor, 0 <= eps < 0.5 (see above).
+    reduction: ``"mean"`` (default, as difftopk), ``"sum"`` or ``"none"``.
+
+  Returns:
+    The loss (a scalar, or shape ``(...)`` with ``reduction="none"``).
+  """
+  logits = _validation.as_float_input(logits, "logits")
+  labels = _check_labels(labels, logits)
+  p_k = _check_p_k(p_k)
+  _validation.check_choice(top1_mode, "top1_mode", TOP1_MODES)
+  _validation.check_choice(reduction, "reduction", REDUCTIONS)
+  if not callable(method):
+    _validation.check_choice(method, "method", METHODS)
+  n = logits.shape[-1]
+  kmax = len(p_k)
+  if m is not None:
+    if not isinstance(m, int) or not kmax < m < n:
+      raise ValueError(f"`m` must be an int with K < m < n (K = len(p_k) = {kmax}, n = {n}); got {m!r}.")
+  elif kmax >= n:
+    raise ValueError(f"`p_k` must have fewer than n = {n} entries (K < n); got K = {kmax}.")
+  eps = float(eps)
+  if not 0.0 <= eps < 0.5:
+    raise ValueError(f"`eps` must satisfy 0 <= eps < 0.5; got {eps!r}.")
+  if eps == 0.0 and not (top1_mode == "sm" and p_k[0] > 0):
+    raise ValueError("`eps=0` is allowed only with top1_mode='sm' and p_k[0] > 0 (otherwise the "
+                     "probability of the label can be exactly 0 and the loss +inf).")
+
+  dtype = _validation.compute_dtype(logits.dtype)
+  scores = logits.astype(dtype)
+  if m is not None:
+    scores, labels = _select_m(scores, labels, m)
+
+  first = 1 if top1_mode in ("sm", "smce") else 0
+  ks = tuple(k for k in range(first + 1, kmax + 1) if p_k[k - 1] > 0)
+  if ks:
+    q = _memberships(method, scores, ks, l=l, p=p, regularizer=regularizer, solver=solver,
+                     inverse_temperature=inverse_temperature, distribution=distribution,
+                     art_lambda=art_lambda, num_samples=num_samples, key=key)
+    q_label = jnp.take_along_axis(q, labels[..., None, None], axis=-1)[..., 0]  # (..., len(ks))
+    weights = jnp.asarray([p_k[k - 1] for k in ks], dtype)
+    d_rest = jnp.sum(weights * q_label, axis=-1)
+  else:
+    d_rest = jnp.zeros(scores.shape[:-1], dtype)
+  log_rest = _safe_log(d_rest)
+  log_sm = jnp.take_along_axis(jax.nn.log_softmax(scores, axis=-1), labels[..., None], axis=-1)[..., 0]
+
+  def nll(log_d):
+    if eps == 0.0:
+      return -log_d
+    return -jnp.logaddexp(math.log1p(-2 * eps) + log_d, math.log(eps))
+
+  if top1_mode == "sm":
+    log_d = jnp.logaddexp(math.log(p_k[0]) + log_sm, log_rest) if p_k[0] > 0 else log_rest
+    loss = nll(log_d)
+  elif top1_mode == "smce":
+    loss = -p_k[0] * log_sm + sum(p_k[1:]) * nll(log_rest)
+  else:
+    loss = nll(log_rest)
+  return _reduce(loss.astype(logits.dtype), reduction)
+
+
+def _fy_conjugate(regularizer, solver):
+  """f*(theta) = max_{y in C_k} <theta, y> - l Omega(y), with derivatives by Danskin's theorem."""
+
+  @jax.custom_jvp
+  def conjugate(theta, k, l):
+    y = ops.soft_topk_mask(theta, k, l=l, regularizer=regularizer, solver=solver)
+    return jnp.sum(theta * y, axis=-1) - l * jnp.sum(regularizer.omega(y), axis=-1)
+
+  @conjugate.defjvp
+  def conjugate_jvp(primals, tangents):
+    theta, k, l = primals
+    d_theta, _, d_l = tangents
+    y = ops.soft_topk_mask(theta, k, l=l, regularizer=regularizer, solver=solver)
+    omega = jnp.sum(regularizer.omega(y), axis=-1)
+    value = jnp.sum(theta * y, axis=-1) - l * omega
+    return value, jnp.sum(y * d_theta, axis=-1) - omega * d_l
+
+  return conjugate
+
+
+def topk_fenchel_young_loss(scores, target_mask, *, k, l=1.0, p: float = 4.0 / 3.0, regularizer=None,
+                            solver: str = "auto", axis: int = -1, reduction: str = "mean"):
+  r"""Fenchel-Young loss of the regularized top-k linear program.
+
+  .. math::
+
+      L(\theta; y) = f^*(\theta) + f(y) - \langle \theta, y\rangle, \qquad
+      f(y) = l\,\Omega(y) + \iota_{C_k}(y), \quad
+      f^*(\theta) = \max_{y' \in C_k} \langle\theta, y'\rangle - l\,\Omega(y'),
+
+  with :math:`C_k = \{y \in [0,1]^n: \sum_i y_i = k\}` and :math:`\Omega(y) = \sum_i
+  \omega(y_i)` (default :math:`|y_i|^p/p`). It is convex in :math:`\theta`, >= 0, zero iff
+  :math:`y^\star(\theta) = y` (:math:`y^\star` = :func:`~implicit_topk.soft_topk_mask`), and
+
+  .. math::
+
+      \nabla_\theta L = y^\star(\theta) - y, \qquad \partial_l L = \Omega(y) - \Omega(y^\star(\theta)),
+
+  exactly sparse where :math:`y^\star` is (Danskin's theorem; ``proofs/fenchel_young.md``).
+  One mask solve per row, no :math:`n \times n` array; second derivatives (Hessian =
+  the mask's Jacobian) are the implicit ones. Not differentiated w.r.t. ``k``.
+
+  Args:
+    scores: float array.
+    target_mask: array broadcastable to ``scores``, each row in :math:`C_k` (e.g. a hard
+      top-k mask, or a soft one); rows outside :math:`C_k` make the loss meaningless
+      (checked when concrete).
+    k: 0 < k < n, scalar or broadcastable to the batch shape.
+    l, p, regularizer, solver: as in :func:`~implicit_topk.soft_topk_mask`.
+    axis: the selection axis.
+    reduction: ``"mean"`` (over the batch), ``"sum"`` or ``"none"``.
+
+  Returns:
+    The loss: a scalar, or the batch shape with ``reduction="none"``.
+  """
+  scores = _validation.as_float_input(scores, "scores")
+  axis = _validation.canonicalize_axis(axis, scores.ndim)
+  n = scores.shape[axis]
+  _validation.check_k(k, n)
+  _validation.check_positive(l, "l")
+  _validation.check_choice(reduction, "reduction", REDUCTIONS)
+  regularizer = regularizers.resolve(regularizer, p)
+  dtype = _validation.compute_dtype(scores.dtype)
+  theta = jnp.moveaxis(scores, axis, -1).astype(dtype)
+  target = jnp.moveaxis(jnp.broadcast_to(jnp.asarray(target_mask, dtype), scores.shape), axis, -1)
+  concrete_t, concrete_k = _validation._concrete(target), _validation._concrete(k)  # pylint: disable=protected-access
+  if concrete_t is not None and concrete_k is not None:
+    sums = concrete_t.sum(-1)
+    if (not np.all((concrete_t >= -1e-9) & (concrete_t <= 1 + 1e-9))
+        or not np.allclose(sums, np.broadcast_to(concrete_k, sums.shape), atol=1e-6 * n)):
+      raise ValueError("`target_mask` must have each row in the capped simplex C_k (entries in [0, 1] "
+                       f"summing to k={k!r}); got row sums {sums!r}.")
+  k = jnp.asarray(k, dtype)
+  l = jnp.asarray(l, dtype)
+  batch = theta.shape[:-1]
+  conj = _fy_conjugate(regularizer, solver)(theta, jnp.broadcast_to(jax.lax.stop_gradient(k), batch),
+                                            jnp.broadcast_to(l, batch))
+  loss = conj + l * jnp.sum(regularizer.omega(target), axis=-1) - jnp.sum(theta * target, axis=-1)
+  return _reduce(loss.astype(scores.dtype), reduction)
+
+
+def _log_zero(dtype, k):
+  """A finite stand-in for log(0): sums of k + 2 of them stay finite (-inf would give NaN tangents)."""
+  return float(jnp.finfo(dtype).min) / (4 * (k + 2))
+
+
+def _log_esp(x, k):
+  """log e_{k-1}(exp x), log e_k(exp x) (elementary symmetric polynomials) by a log-space DP, O(nk)."""
+  neg = _log_zero(x.dtype, k)
+  init = jnp.concatenate([jnp.zeros(x.shape[:-1] + (1,), x.dtype),
+                          jnp.full(x.shape[:-1] + (k,), neg, x.dtype)], axis=-1)
+
+  def step(e, xi):
+    shifted = jnp.concatenate([jnp.full(e.shape[:-1] + (1,), neg, e.dtype), e[..., :-1] + xi[..., None]],
+                              axis=-1)
+    return jnp.logaddexp(e, shifted), None
+
+  e, _ = jax.lax.scan(step, init, jnp.moveaxis(x, -1, 0))
+  return e[..., k - 1], e[..., k]
+
+
+def smooth_topk_svm_loss(scores, labels, *, k: int, tau=1.0, alpha=1.0, mode: str = "smooth",
+                         thresh: float = 1e3, reduction: str = "mean"):
+  r"""Smooth top-k SVM loss (Berrada et al. 2018; difftopk's ``SmoothTopKLoss``/``SmoothHardTopKLoss``).
+
+  With :math:`\mathcal{Y}_k` the k-subsets of classes, :math:`\mathcal{Y}_k^c` those
+  containing the label ``c``, and :math:`\bar s_S = \frac1k\sum_{j\in S} s_j`:
+
+  .. math::
+
+      L_{k,\tau}(s, c) = \tau \log \sum_{S \in \mathcal{Y}_k}
+          \exp\Big(\frac{\alpha [c \notin S] + \bar s_S}{\tau}\Big)
+        - \tau \log \sum_{S \in \mathcal{Y}_k^c} \exp\Big(\frac{\bar s_S}{\tau}\Big),
+
+  evaluated as :math:`\tau[\mathrm{logaddexp}(\log e_k + \alpha/\tau,\ \log e_{k-1} + s_c/(k\tau))
+  - (\log e_{k-1} + s_c/(k\tau))]` with :math:`e_j` the elementary symmetric polynomials of
+  :math:`\exp(s_{j'}/(k\tau))` over the classes :math:`j' \ne c` (a log-space DP,
+  :math:`O(nk)`; autodiff through it is stable). As :math:`\tau \to 0` it tends to the hard
+  top-k SVM loss :math:`\max(0,\ \frac1k\sum \mathrm{top}_k(s_{\ne c} + \alpha) -
+  \frac1k(\sum\mathrm{top}_{k-1}(s_{\ne c}) + s_c))`.
+
+  ``mode="smooth_hard"`` (``SmoothHardTopKLoss``) uses the hard loss for the rows where the
+  k-th and (k+1)-th largest scores differ by at least :math:`k\tau\log(\mathrm{thresh})`
+  (there the smooth one is that close to it; the choice is not differentiated).
+
+  Args:
+    scores: float array ``(..., n)``.
+    labels: int array ``(...)``.
+    k: an int, 1 <= k < n.
+    tau: temperature > 0.
+    alpha: the margin.
+    mode: ``"smooth"`` or ``"smooth_hard"``.
+    thresh: the switch of ``"smooth_hard"`` (difftopk: 1e3).
+    reduction: ``"mean"`` (difftopk's), ``"sum"`` or ``"none"``.
+  """
+  scores = _validation.as_float_input(scores, "scores")
+  labels = _check_labels(labels, scores)
+  n = scores.shape[-1]
+  _validation.check_k(k, n, integer=True)
+  _validation.check_positive(tau, "tau")
+  _validation.check_choice(mode, "mode", ("smooth", "smooth_hard"))
+  _validation.check_choice(reduction, "reduction", REDUCTIONS)
+  dtype = _validation.compute_dtype(scores.dtype)
+  s = scores.astype(dtype)
+  tau = jnp.asarray(tau, dtype)
+  alpha = jnp.asarray(alpha, dtype)
+  is_label = jnp.arange(n) == labels[..., None]
+  s_label = jnp.take_along_axis(s, labels[..., None], axis=-1)[..., 0]
+  neg = _log_zero(dtype, k)
+  others = jnp.where(is_label, neg, s)
+
+  log_ekm1, log_ek = _log_esp(jnp.where(is_label, neg, s / (k * tau)), k)
+  with_label = log_ekm1 + s_label / (k * tau)
+  smooth = tau * (jnp.logaddexp(log_ek + alpha / tau, with_label) - with_label)
+  if mode == "smooth":
+    return _reduce(smooth.astype(scores.dtype), reduction)
+
+  top_plus, _ = jax.lax.top_k(others + alpha, k)
+  max_1 = jnp.mean(top_plus, axis=-1)
+  top_others, _ = jax.lax.top_k(others, k - 1) if k > 1 else (jnp.zeros(s.shape[:-1] + (0,), dtype), None)
+  max_2 = (jnp.sum(top_others, axis=-1) + s_label) / k
+  hard_loss = jnp.maximum(max_1 - max_2, 0.0)
+  top_all, _ = jax.lax.top_k(jax.lax.stop_gradient(s), k + 1)
+  use_hard = top_all[..., k - 1] - top_all[..., k] >= k * tau * math.log(thresh)
+  return _reduce(jnp.where(use_hard, hard_loss, smooth).astype(scores.dtype), reduction)
+
+
+def soft_error_loss(logits, labels, *, l=1.0, p: float = 2.0, regularizer=None, reduction: str = "mean"):
+  r"""Soft 0/1 error from soft ranks (seed 003's training example; Blondel et al. 2020).
+
+  .. math::
+
+      \ell(s, c) = \max\big(0,\ n - r_c(s)\big),
+
+  with :math:`r(s)` the soft ascending ranks (1-based, the largest score gets ``n``) of
+  :func:`~implicit_topk.soft_rank`: 0 exactly when the label is ranked first by a margin,
+  and as ``l -> 0`` the hard number of classes ranked above the label. Seed 003 uses
+  OTT's 0-based ranks and ``n - 1``; the same loss. :math:`O(n \log n)` per row.
+
+  Args:
+    logits: float array ``(..., n)``.
+    labels: int array ``(...)``.
+    l, p, regularizer: as in :func:`~implicit_topk.soft_rank`.
+    reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+  """
+  logits = _validation.as_float_input(logits, "logits")
+  labels = _check_labels(labels, logits)
+  _validation.check_choice(reduction, "reduction", REDUCTIONS)
+  ranks = permutahedron.soft_rank(logits, l=l, p=p, regularizer=regularizer)
+  true_rank = jnp.take_along_axis(ranks, labels[..., None], axis=-1)[..., 0]
+  return _reduce(jax.nn.relu(logits.shape[-1] - true_rank), reduction)
+
+
+__all__ = ["topk_cross_entropy", "topk_fenchel_young_loss", "smooth_topk_svm_loss", "soft_error_loss"]

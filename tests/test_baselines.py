@@ -1,0 +1,187 @@
+"""Baselines: hand-computed values, structural checks, and peer cross-checks.
+
+The peers (diffsort / difftopk on CPU PyTorch) are optional: those tests are skipped
+when torch, diffsort or difftopk cannot be imported. ott-jax is in the test extra.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+from scipy.stats import norm
+
+import implicit_topk as itk
+from implicit_topk import baselines as B
+
+NETS = ("odd_even", "bitonic")
+DISTS = ("logistic", "logistic_phi", "cauchy")
+
+
+def _torch_peers():
+  torch = pytest.importorskip("torch")
+  diffsort = pytest.importorskip("diffsort")
+  difftopk = pytest.importorskip("difftopk")
+  return torch, diffsort, difftopk
+
+
+def _as_peer_x(perm):
+  """Our P[..., i, j] (descending ranks) -> diffsort's X[..., j, position] (ascending)."""
+  return np.flip(np.swapaxes(np.asarray(perm), -1, -2), -1)
+
+
+# ---------------------------------------------------------------- NeuralSort / SoftSort
+
+
+def test_neuralsort_softsort_hand_n2():
+  a, b, tau = 0.7, -0.4, 0.5
+  s = jax.nn.sigmoid((a - b) / tau)
+  expected = np.array([[s, 1 - s], [1 - s, s]])
+  np.testing.assert_allclose(B.neuralsort(jnp.array([a, b]), tau=tau), expected, atol=1e-12)
+  np.testing.assert_allclose(B.softsort(jnp.array([a, b]), tau=tau), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [B.neuralsort, B.softsort])
+def test_relaxed_permutations_limits(fn):
+  x = jnp.array([[0.3, -1.2, 2.5, 0.9, -0.1]])
+  perm = fn(x, tau=1e-3)
+  order = np.argsort(-np.asarray(x[0]))
+  np.testing.assert_allclose(perm[0], np.eye(5)[order], atol=1e-9)
+  np.testing.assert_allclose(fn(x, tau=0.7).sum(-1), 1.0, atol=1e-12)  # row-stochastic
+  check_grads(lambda z: fn(z, tau=0.7), (x,), order=1, modes=("rev",))
+
+
+def test_neuralsort_softsort_match_difftopk():
+  torch, _, difftopk = _torch_peers()
+  x = np.random.default_rng(0).normal(size=(3, 9)).astype(np.float32)  # difftopk's NeuralSort is float32
+  ours = B.neuralsort(jnp.asarray(x, jnp.float64), tau=0.7)
+  peer = difftopk.NeuralSort(tau=0.7)(torch.tensor(x)).numpy()
+  np.testing.assert_allclose(_as_peer_x(ours), peer, atol=1e-5)
+  ours = B.softsort(jnp.asarray(x, jnp.float64), tau=0.7)
+  peer = difftopk.SoftSort(tau=0.7)(-torch.tensor(x, dtype=torch.float64)).transpose(-2, -1).numpy()
+  np.testing.assert_allclose(_as_peer_x(ours), peer, atol=1e-10)
+
+
+# ---------------------------------------------------------------- sorting networks
+
+
+@pytest.mark.parametrize("network", NETS)
+def test_sorting_network_hard_limit_and_topk_rows(network):
+  rng = np.random.default_rng(1)
+  for n in (2, 5, 13):
+    x = jnp.asarray(rng.normal(size=(2, n)))
+    values, _ = B.sorting_network(x, network=network, steepness=1e7, distribution="logistic")
+    np.testing.assert_allclose(values, -np.sort(-np.asarray(x), axis=-1), atol=1e-9)
+  k = 4
+  for dist in DISTS:
+    _, full = B.sorting_network(x, network=network, steepness=2.0, distribution=dist)
+    np.testing.assert_allclose(full.sum(-1), 1.0, atol=1e-12)  # doubly stochastic
+    np.testing.assert_allclose(full.sum(-2), 1.0, atol=1e-12)
+    _, topk = B.sorting_network(x, network=network, steepness=2.0, distribution=dist, k=k)
+    np.testing.assert_allclose(topk, full[..., :k, :], atol=1e-12)
+
+
+def test_sorting_network_grads_and_validation():
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 6)))
+  check_grads(lambda z: B.sorting_network(z, network="bitonic", steepness=2.0, k=2)[1], (x,), order=1,
+              modes=("fwd", "rev"))
+  with pytest.raises(ValueError, match="distribution"):
+    B.sorting_network(x, distribution="gumbel")
+  with pytest.raises(ValueError, match="network"):
+    B.sorting_network(x, network="bubble")
+
+
+@pytest.mark.parametrize("network", NETS)
+def test_sorting_networks_match_diffsort_and_difftopk(network):
+  torch, diffsort, difftopk = _torch_peers()
+  rng = np.random.default_rng(3)
+  for n in (5, 8):
+    x = rng.normal(size=(3, n))
+    for dist in DISTS:
+      values, perm = B.sorting_network(jnp.asarray(x), network=network, steepness=3.0, distribution=dist,
+                                       art_lambda=0.4)
+      sorter = diffsort.DiffSortNet(network, n, steepness=3.0, distribution=dist, art_lambda=0.4)
+      sorter.sorting_network = [[m.double() for m in layer] for layer in sorter.sorting_network]
+      peer_values, peer_x = sorter(torch.tensor(x))
+      np.testing.assert_allclose(_as_peer_x(perm), peer_x.numpy(), atol=1e-10)
+      np.testing.assert_allclose(np.flip(np.asarray(values), -1), peer_values.numpy(), atol=1e-10)
+      k = 3
+      _, topk = B.sorting_network(jnp.asarray(x), network=network, steepness=3.0, distribution=dist,
+                                  art_lambda=0.4, k=k)
+      default = torch.get_default_dtype()
+      torch.set_default_dtype(torch.float64)  # difftopk builds its identity in the default dtype
+      try:
+        net = difftopk.DiffTopkNet(network, n, k, sparse=False, steepness=3.0, distribution=dist, art_lambda=0.4)
+        net.sorting_network = [[m.double() for m in layer] for layer in net.sorting_network]
+        _, peer_topk = net(torch.tensor(x))
+      finally:
+        torch.set_default_dtype(default)
+      np.testing.assert_allclose(_as_peer_x(topk), peer_topk.numpy(), atol=1e-10)
+
+
+# ---------------------------------------------------------------- perturbed
+
+
+def test_perturbed_hand_n2():
+  # y_1 = P(x_1 + s Z_1 > x_2 + s Z_2) = Phi((x_1 - x_2) / (s sqrt 2)); its x_1-derivative phi(.)/(s sqrt 2).
+  x, sigma, samples = jnp.array([0.1, 0.0]), 0.2, 200_000
+  key = jax.random.PRNGKey(0)
+  z = 0.1 / (sigma * math.sqrt(2))
+  y = B.perturbed_topk_mask(x, 1, sigma=sigma, num_samples=samples, key=key)
+  np.testing.assert_allclose(y, [norm.cdf(z), norm.cdf(-z)], atol=5e-3)
+  np.testing.assert_allclose(y.sum(), 1.0, atol=1e-12)
+  grad = jax.grad(lambda v: B.perturbed_topk_mask(v, 1, sigma=sigma, num_samples=samples, key=key)[0])(x)
+  d = norm.pdf(z) / (sigma * math.sqrt(2))
+  np.testing.assert_allclose(grad, [d, -d], rtol=0.05)
+  jvp = jax.jvp(lambda v: B.perturbed_topk_mask(v, 1, sigma=sigma, num_samples=samples, key=key),
+                (x,), (jnp.array([1.0, 0.0]),))[1]
+  np.testing.assert_allclose(jvp[0], grad[0], rtol=1e-10)  # same estimator both modes
+
+
+def test_perturbed_memberships_shape_and_limits():
+  x = jnp.array([[3.0, 1.0, 2.0, -1.0]])
+  q = B.perturbed_topk_memberships(x, (1, 2, 3), sigma=1e-3, num_samples=16, key=jax.random.PRNGKey(1))
+  np.testing.assert_allclose(q[0], [[1, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 0]], atol=1e-12)
+
+
+# ---------------------------------------------------------------- optimal transport
+
+
+def test_ot_topk_matches_ott(epsilon=0.05):
+  from ott.tools import soft_sort
+
+  x = jnp.asarray(np.random.default_rng(4).normal(size=(3, 9)))
+  weights = jnp.arange(9.0)
+
+  def value_and_grad(fn):
+    def objective(z):
+      mask = fn(z)
+      return jnp.sum(mask * weights), mask
+    (_, mask), grad = jax.jit(jax.value_and_grad(objective, has_aux=True))(x)
+    return mask, grad
+
+  ours = value_and_grad(lambda z: B.ot_topk_mask(z, 3, epsilon=epsilon))
+  peer = value_and_grad(lambda z: soft_sort.topk_mask(z, k=3, epsilon=epsilon, threshold=1e-12,
+                                                      max_iterations=100_000))
+  np.testing.assert_allclose(ours[0], peer[0], atol=1e-5)
+  np.testing.assert_allclose(ours[1], peer[1], atol=1e-5)
+
+
+def test_ot_topk_is_a_sigmoid_topk_and_grads():
+  x = jnp.asarray(np.random.default_rng(5).normal(size=(2, 7)))
+  eps = 0.05
+  u = jax.nn.sigmoid((x - x.mean(-1, keepdims=True)) / (x.std(-1, keepdims=True) + 1e-10))
+  ours = B.ot_topk_mask(x, 2.5, epsilon=eps)
+  np.testing.assert_allclose(ours.sum(-1), 2.5, atol=1e-8)
+  sig = itk.soft_topk_mask(u, 2.5, l=eps / 2, regularizer=itk.BinaryEntropy(), solver="threshold")
+  np.testing.assert_allclose(ours, sig, atol=1e-8)
+  check_grads(lambda z: B.ot_topk_mask(z, 2, epsilon=0.1), (x,), order=1, modes=("rev",))
+  plain = B.ot_topk_mask(x, 2, epsilon=0.1, polish=False, max_iter=5000)
+  np.testing.assert_allclose(plain, B.ot_topk_mask(x, 2, epsilon=0.1), atol=1e-6)
+
+
+def test_memberships_from_permutation():
+  perm = jnp.eye(4)[jnp.array([2, 0, 3, 1])]
+  np.testing.assert_allclose(B.memberships_from_permutation(perm, (1, 3)), [[0, 0, 1, 0], [1, 0, 1, 1]])

@@ -1,0 +1,186 @@
+"""Losses: hand-checkable values, gradient checks, difftopk cross-checks (optional peer)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from implicit_topk import losses as L
+
+RNG = np.random.default_rng(0)
+LOGITS = jnp.asarray(RNG.normal(size=(6, 10)) * 2)
+LABELS = jnp.asarray(RNG.integers(0, 10, size=6))
+
+
+def _ce(logits, labels):
+  return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+
+# ---------------------------------------------------------------- top-k cross-entropy
+
+
+def test_topk_ce_top1_is_softmax_ce():
+  ce = _ce(LOGITS, LABELS)
+  for mode in ("sm", "smce"):
+    np.testing.assert_allclose(L.topk_cross_entropy(LOGITS, LABELS, p_k=[1, 0, 0, 0, 0], top1_mode=mode,
+                                                    eps=0.0 if mode == "sm" else 1e-7), ce, rtol=1e-6)
+  np.testing.assert_allclose(L.topk_cross_entropy(LOGITS, LABELS, p_k=[1.0], eps=0.0), ce, rtol=1e-14)
+  # The default eps floor: -log((1 - 2 eps) D + eps), within 2 eps / D of the CE.
+  np.testing.assert_allclose(L.topk_cross_entropy(LOGITS, LABELS, p_k=[1, 0, 0]), ce, rtol=1e-5)
+
+
+def test_topk_ce_hand_values_and_exact_zero():
+  # scores (3, 1, 2), l = 0.5 <= every gap: the sparse mask is the hard top-2 mask (1, 0, 1).
+  logits = jnp.array([[3.0, 1.0, 2.0], [3.0, 1.0, 2.0]])
+  labels = jnp.array([0, 1])
+  losses = L.topk_cross_entropy(logits, labels, p_k=[0, 1], top1_mode="sort", l=0.5, reduction="none")
+  np.testing.assert_allclose(losses, [-math.log1p(-1e-7), -math.log(1e-7)], rtol=1e-12)
+  # "sm" with p_k = (1/2, 1/2): D = softmax/2 + 1/2 * top2 membership.
+  sm = jax.nn.softmax(logits[0])
+  losses = L.topk_cross_entropy(logits, labels, p_k=[0.5, 0.5], l=0.5, eps=0.0, reduction="none")
+  np.testing.assert_allclose(losses, [-math.log(sm[0] / 2 + 0.5), -math.log(sm[1] / 2)], rtol=1e-12)
+  # Where the label's probability is exactly 0 the gradient is exactly 0, never NaN.
+  grad = jax.grad(lambda z: L.topk_cross_entropy(z, labels, p_k=[0, 1], top1_mode="sort", l=0.5))(logits)
+  assert np.all(np.isfinite(grad)) and np.all(grad[1] == 0)
+
+
+def test_topk_ce_grads():
+  pk = [0.5, 0.0, 0.25, 0.25]
+  check_grads(lambda z: L.topk_cross_entropy(z, LABELS, p_k=pk, l=2.0), (LOGITS,), order=1, modes=("rev",))
+
+
+def test_topk_ce_validation():
+  with pytest.raises(ValueError, match="p_k"):
+    L.topk_cross_entropy(LOGITS, LABELS, p_k=[0.5, 0.4])
+  with pytest.raises(ValueError, match="`m`"):
+    L.topk_cross_entropy(LOGITS, LABELS, p_k=[0.5, 0.5], m=2)
+  with pytest.raises(ValueError, match="eps"):
+    L.topk_cross_entropy(LOGITS, LABELS, p_k=[0.0, 1.0], eps=0.0)
+  with pytest.raises(ValueError, match="method"):
+    L.topk_cross_entropy(LOGITS, LABELS, p_k=[1.0], method="sinkhorn")
+  with pytest.raises(ValueError, match="labels"):
+    L.topk_cross_entropy(LOGITS, LABELS + 10, p_k=[1.0])
+  with pytest.raises(ValueError, match="key"):
+    L.topk_cross_entropy(LOGITS, LABELS, p_k=[0.5, 0.5], method="perturbed")
+
+
+def test_topk_ce_other_methods_run():
+  pk = [0.5, 0.5]
+  for method in ("perturbed", "ot"):
+    value = L.topk_cross_entropy(LOGITS, LABELS, p_k=pk, method=method, key=jax.random.PRNGKey(0),
+                                 inverse_temperature=5.0)
+    assert np.isfinite(value)
+
+
+@pytest.mark.parametrize("method", ["neuralsort", "softsort", "odd_even", "bitonic"])
+def test_topk_ce_matches_difftopk(method):
+  torch = pytest.importorskip("torch")
+  difftopk = pytest.importorskip("difftopk")
+  x = np.asarray(LOGITS, np.float32) if method == "neuralsort" else np.asarray(LOGITS)
+  pk = [0.25, 0.0, 0.25, 0.0, 0.5]
+  kw = dict(distribution="logistic_phi", art_lambda=0.5) if method == "bitonic" else dict(distribution="cauchy")
+  for mode in ("sm", "smce", "sort"):
+    for m in (None, 6):
+      ours = L.topk_cross_entropy(jnp.asarray(x, jnp.float64), LABELS, p_k=pk, m=m, method=method,
+                                  inverse_temperature=2.0, top1_mode=mode, **kw)
+      peer_name = "bitonic__non_sparse" if method == "bitonic" else method  # same values, no torch-sparse
+      peer = difftopk.TopKCrossEntropyLoss(peer_name, 2.0, pk, 10, m=m, top1_mode=mode, **kw)
+      if hasattr(peer, "top_k_net"):
+        peer.top_k_net.sorting_network = [[a.double() for a in layer] for layer in peer.top_k_net.sorting_network]
+      default = torch.get_default_dtype()
+      if method != "neuralsort":
+        torch.set_default_dtype(torch.float64)
+      try:
+        value = float(peer(torch.tensor(x), torch.tensor(np.asarray(LABELS))))
+      finally:
+        torch.set_default_dtype(default)
+      np.testing.assert_allclose(ours, value, rtol=1e-5 if method == "neuralsort" else 1e-10)
+
+
+# ---------------------------------------------------------------- Fenchel-Young
+
+
+def test_fenchel_young_hand_values():
+  # p = 2, k = 1: y* = sparsemax((1, 0, -1)) = (1, 0, 0); L = (1 - 1/2) + 1/2 - 0 = 1.
+  theta, target = jnp.array([1.0, 0.0, -1.0]), jnp.array([0.0, 1.0, 0.0])
+  fy = lambda t: L.topk_fenchel_young_loss(t, target, k=1, l=1.0, p=2.0)
+  np.testing.assert_allclose(fy(theta), 1.0, atol=1e-12)
+  np.testing.assert_allclose(jax.grad(fy)(theta), [1.0, -1.0, 0.0], atol=1e-12)
+  # entropy, k = 1, one-hot target: l * softmax cross-entropy of theta / l.
+  theta = jnp.asarray(RNG.normal(size=(4, 6)))
+  onehot = jax.nn.one_hot(jnp.array([0, 3, 5, 1]), 6)
+  value = L.topk_fenchel_young_loss(theta, onehot, k=1, l=0.5, regularizer="entropy", reduction="none")
+  np.testing.assert_allclose(value, 0.5 * (jax.nn.logsumexp(theta / 0.5, -1) - jnp.sum(onehot * theta, -1) / 0.5),
+                             rtol=1e-9)
+  # zero iff the target is the operator's output; >= 0 otherwise.
+  from implicit_topk import soft_topk_mask
+  y = soft_topk_mask(theta, 2.5, l=0.7)
+  np.testing.assert_allclose(L.topk_fenchel_young_loss(theta, y, k=2.5, l=0.7, reduction="none"), 0.0, atol=1e-10)
+
+
+def test_fenchel_young_gradient_convexity():
+  theta = jnp.asarray(RNG.normal(size=(3, 8)))
+  target = jnp.zeros((3, 8)).at[:, :3].set(1.0)
+  fy = lambda t: L.topk_fenchel_young_loss(t, target, k=3, l=0.5, reduction="sum")
+  from implicit_topk import soft_topk_mask
+  np.testing.assert_allclose(jax.grad(fy)(theta), soft_topk_mask(theta, 3, l=0.5) - target, atol=1e-10)
+  check_grads(fy, (theta,), order=2, modes=("rev",))
+  check_grads(lambda l: L.topk_fenchel_young_loss(theta, target, k=3, l=l), (0.5,), order=1, modes=("rev",))
+  other = jnp.asarray(RNG.normal(size=(3, 8)))
+  for a in (0.25, 0.5, 0.8):
+    assert fy(a * theta + (1 - a) * other) <= a * fy(theta) + (1 - a) * fy(other) + 1e-10
+  with pytest.raises(ValueError, match="target_mask"):
+    L.topk_fenchel_young_loss(theta, target, k=2)
+
+
+# ---------------------------------------------------------------- smooth top-k SVM
+
+
+def test_smooth_svm_hand_values():
+  # k = 1: tau * logsumexp((s + alpha [j != c]) / tau) - s_c. s = (0, 0), c = 0: log(1 + e).
+  np.testing.assert_allclose(L.smooth_topk_svm_loss(jnp.zeros((1, 2)), jnp.array([0]), k=1), math.log1p(math.e))
+  # k = 2, n = 3, tau = 1, s = 0: subsets {0,1},{0,2} contain c = 0, {1,2} does not:
+  # log(2 + e) - log(2).
+  np.testing.assert_allclose(L.smooth_topk_svm_loss(jnp.zeros((1, 3)), jnp.array([0]), k=2),
+                             math.log(2 + math.e) - math.log(2))
+  # Small tau: the hard top-k SVM loss; smooth_hard switches to it.
+  s, c = jnp.array([[2.0, 1.5, 0.0, -1.0]]), jnp.array([1])
+  hard = max(0.0, (2.0 + 1 + 0.0 + 1) / 2 - (2.0 + 1.5) / 2)
+  np.testing.assert_allclose(L.smooth_topk_svm_loss(s, c, k=2, tau=1e-3), hard, atol=1e-2)
+  np.testing.assert_allclose(L.smooth_topk_svm_loss(s, c, k=2, tau=1e-3, mode="smooth_hard"), hard, atol=1e-12)
+
+
+def test_smooth_svm_grads():
+  check_grads(lambda z: L.smooth_topk_svm_loss(z, LABELS, k=3, tau=0.5), (LOGITS,), order=1, modes=("fwd", "rev"))
+
+
+def test_smooth_svm_matches_difftopk():
+  torch = pytest.importorskip("torch")
+  difftopk = pytest.importorskip("difftopk")
+  x, y = torch.tensor(np.asarray(LOGITS)), torch.tensor(np.asarray(LABELS))
+  for k in (1, 2, 3):
+    for tau in (1.0, 0.3):
+      ours = L.smooth_topk_svm_loss(LOGITS, LABELS, k=k, tau=tau)
+      np.testing.assert_allclose(ours, float(difftopk.SmoothTopKLoss(10, k, tau)(x, y)), rtol=1e-10)
+      peer = difftopk.SmoothHardTopKLoss(10, k, tau)
+      peer.thresh = 2.0  # so that both branches occur on these scores
+      ours = L.smooth_topk_svm_loss(LOGITS, LABELS, k=k, tau=tau, mode="smooth_hard", thresh=2.0)
+      np.testing.assert_allclose(ours, float(peer(x, y)), rtol=1e-10)
+
+
+# ---------------------------------------------------------------- soft error
+
+
+def test_soft_error_hand_values_and_grads():
+  logits = jnp.array([[3.0, 1.0, 2.0], [3.0, 1.0, 2.0]])
+  np.testing.assert_allclose(L.soft_error_loss(logits, jnp.array([1, 0]), l=1e-3, reduction="none"), [2.0, 0.0],
+                             atol=1e-12)
+  # p = 2, l large enough that the soft ranks are affine in x: r = (n+1)/2 + (x - mean)/l.
+  l = 10.0
+  x = logits[0]
+  expected = 3 - (2 + (x[1] - x.mean()) / l)
+  np.testing.assert_allclose(L.soft_error_loss(logits[:1], jnp.array([1]), l=l), expected, rtol=1e-12)
+  check_grads(lambda z: L.soft_error_loss(z, LABELS, l=1.0), (LOGITS,), order=1, modes=("rev",))
