@@ -1,26 +1,160 @@
-"""Command line: ``python -m implicit_topk demo`` (also installed as ``implicit-topk``)."""
+"""Command line: ``implicit-topk {demo,figure,bench,check}`` (also ``python -m implicit_topk``).
+
+* ``demo``: the README's first command (seed examples, gradients, a timing table);
+* ``figure``: writes the operator figure (``docs/operator_figure.png``);
+* ``bench``: runs ``benchmarks/bench_topk.py`` with a progress bar (options after
+  ``bench`` are passed through, e.g. ``implicit-topk bench --quick``);
+* ``check``: runs the proofs' checking scripts (``proofs/*.py``) and prints a
+  pass/fail table; the exit code is 1 if any fails.
+
+``bench`` and ``check`` need the source checkout (``benchmarks/``, ``proofs/``), found
+next to the package, in the current directory, or given by ``--repo``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+_EPILOG_BENCH = """\
+Every option not listed above is passed to benchmarks/bench_topk.py, e.g.
+  implicit-topk bench --quick
+  implicit-topk bench --sizes 1e3,1e4 --batches 1 --solvers threshold --out /tmp/bench
+Run `implicit-topk bench --bench-help` for the benchmark's own options.
+Writes <out>/<backend>[_<tag>].{md,json,png} (default out: benchmarks/results)."""
 
-def main(argv=None) -> int:
+
+def _parser():
   parser = argparse.ArgumentParser(
-      prog="implicit-topk", description="Sparse, differentiable top-k operators for JAX.")
-  commands = parser.add_subparsers(dest="command", required=True)
+      prog="implicit-topk",
+      description="Sparse, differentiable top-k operators for JAX: demo, figure, "
+                  "benchmarks and proof checks.",
+      epilog="Run `implicit-topk <command> --help` for the options of each command.")
+  commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+
   demo = commands.add_parser(
       "demo", help="print the seed examples, a gradient and a timing table",
       description="Runs soft_topk_mask on the reference README's inputs next to the hard "
                   "operators, prints gradients (reverse and forward mode) and times the "
                   "soft mask against the hard lax.top_k mask.")
   demo.add_argument("--no-timing", action="store_true", help="skip the timing table")
-  args = parser.parse_args(argv)
+
+  fig = commands.add_parser(
+      "figure", help="write the operator figure (PNG)",
+      description="For k = 2 and x(s) = (3, 1, -1 + s, s), plots "
+                  "topkmask(x(s))_2 + topkmask(x(s))_3 against s for the hard operator "
+                  "and soft_topk_mask with p = 2 (kinks) and p = 4/3 (smooth), and the "
+                  "same for the top-k in magnitude (second panel).",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  fig.add_argument("--out", default="docs/operator_figure.png", help="output PNG path")
+  fig.add_argument("--l", type=float, default=1.0,
+                   help="regularization strength of the soft operators")
+  fig.add_argument("--num", type=int, default=801, help="number of values of s")
+  fig.add_argument("--s-range", type=float, nargs=2, default=(-2.0, 6.0),
+                   metavar=("SMIN", "SMAX"), help="range of s")
+  fig.add_argument("--dpi", type=int, default=120, help="PNG resolution")
+
+  bench = commands.add_parser(
+      "bench", help="run the benchmark suite (progress bar, Markdown/JSON/PNG report)",
+      description="Times soft_topk_mask (pav, threshold, dykstra) against the hard "
+                  "lax.top_k mask, jnp.sort and jaxopt's projection, forward and "
+                  "forward+backward, under jit (benchmarks/bench_topk.py).",
+      epilog=_EPILOG_BENCH, formatter_class=argparse.RawDescriptionHelpFormatter,
+      allow_abbrev=False)
+  bench.add_argument("--repo", default=None,
+                     help="source checkout holding benchmarks/ (default: found "
+                          "automatically)")
+  bench.add_argument("--bench-help", action="store_true",
+                     help="show benchmarks/bench_topk.py's own options and exit")
+
+  check = commands.add_parser(
+      "check", help="run the proofs' checking scripts, print a pass/fail table",
+      description="Runs every proofs/*.py (each in its own Python process; files "
+                  "starting with '_' are helpers) and prints a table of PASS/FAIL and "
+                  "times. A script passes if it exits with 0 and its last line is "
+                  "'<name>: OK'. Exit code 1 if any fails.",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  check.add_argument("--only", default=None,
+                     help="comma-separated script names to run (e.g. limits,grad_topk)")
+  check.add_argument("--list", action="store_true", help="list the scripts and exit")
+  check.add_argument("--timeout", type=float, default=600.0,
+                     help="seconds allowed per script")
+  check.add_argument("--repo", default=None,
+                     help="source checkout holding proofs/ (default: found automatically)")
+  return parser
+
+
+def _cmd_figure(args):
+  import jax
+  jax.config.update("jax_enable_x64", True)
+  from implicit_topk import figure
+  figure.make_figure(args.out, l=args.l, num=args.num, s_range=tuple(args.s_range),
+                     dpi=args.dpi)
+  print(f"wrote {args.out}")
+  return 0
+
+
+def _cmd_bench(args, rest):
+  from implicit_topk import cli_tools
+  if args.bench_help:
+    rest = ["--help"]
+  try:
+    cli_tools.run_bench(rest, repo=args.repo)
+  except FileNotFoundError as exc:
+    print(f"implicit-topk bench: {exc}", file=sys.stderr)
+    return 2
+  except SystemExit as exc:  # the benchmark's argparse (--help or a bad option)
+    return exc.code if isinstance(exc.code, int) else 0
+  return 0
+
+
+def _cmd_check(args):
+  from implicit_topk import cli_tools
+  try:
+    root = cli_tools.repo_root(args.repo)
+  except FileNotFoundError as exc:
+    print(f"implicit-topk check: {exc}", file=sys.stderr)
+    return 2
+  names = cli_tools.discover_proofs(root)
+  if args.list:
+    print("\n".join(names))
+    return 0
+  if args.only:
+    wanted = [n.strip().removesuffix(".py") for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+      print(f"implicit-topk check: unknown scripts {unknown}; available: {names}",
+            file=sys.stderr)
+      return 2
+    names = wanted
+  rows = []
+  for i, name in enumerate(names, 1):
+    print(f"[{i}/{len(names)}] {name} ...", end="", flush=True)
+    ok, seconds, detail = cli_tools.run_check(name, root, args.timeout)
+    print(f" {'PASS' if ok else 'FAIL'} ({seconds:.1f}s)", flush=True)
+    rows.append((name, ok, seconds, detail))
+  print()
+  print(cli_tools.check_table(rows))
+  failed = [r[0] for r in rows if not r[1]]
+  print(f"\n{len(rows) - len(failed)}/{len(rows)} passed"
+        + (f"; failed: {', '.join(failed)}" if failed else ""))
+  return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+  parser = _parser()
+  args, rest = parser.parse_known_args(argv)
+  if rest and args.command != "bench":
+    parser.error(f"unrecognized arguments: {' '.join(rest)}")
   if args.command == "demo":
     from implicit_topk import demo as demo_module
     demo_module.main(timing=not args.no_timing)
-  return 0
+    return 0
+  if args.command == "figure":
+    return _cmd_figure(args)
+  if args.command == "bench":
+    return _cmd_bench(args, rest)
+  return _cmd_check(args)
 
 
 if __name__ == "__main__":
