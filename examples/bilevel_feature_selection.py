@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
+import sys
 import time
 
 import jax
@@ -66,6 +66,9 @@ import jaxopt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import implicit_topk as itk  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402  (examples/_common.py)
 
 P = 4.0 / 3.0
 ALPHA = 1e-2  # inner L2 strength
@@ -484,16 +487,7 @@ def main(argv=None):
   result = dict(quick=opts.quick, seed=opts.seed, n_features=n, feature_names=names,
                 gradcheck=rows, gradcheck_info=info, fixed_k=fixed, learned_k=learned,
                 total_s=time.perf_counter() - t_start)
-  os.makedirs(opts.out, exist_ok=True)
-  stem = os.path.join(opts.out, "bilevel_feature_selection" + ("_quick" if opts.quick else ""))
-  with open(stem + ".json", "w") as f:
-    json.dump(result, f, indent=1, default=float)
-  with open(stem + ".md", "w") as f:
-    f.write(markdown(result))
-  try:
-    plot(result, stem + ".png")
-  except ImportError:
-    pass
+  stem = _common.write_results(opts.out, "bilevel_feature_selection", opts.quick, result, markdown(result), plot)
   print(f"wrote {stem}.{{md,json,png}} in {result['total_s']:.0f}s")
   return result
 

@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
+import sys
 import statistics
 import time
 
@@ -53,6 +53,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import implicit_topk as itk
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402  (examples/_common.py)
 
 VARIANTS = ("soft/sparse", "soft/dense", "hard/sparse", "hard/dense")
 
@@ -412,16 +415,7 @@ def main(argv=None):
                 capacity_train=capacity(opts.batch, opts.k, opts.experts,
                                         opts.capacity_factor),
                 total_s=time.perf_counter() - t_start)
-  os.makedirs(opts.out, exist_ok=True)
-  stem = os.path.join(opts.out, "moe_router" + ("_quick" if opts.quick else ""))
-  with open(stem + ".json", "w") as f:
-    json.dump(result, f, indent=1, default=float)
-  with open(stem + ".md", "w") as f:
-    f.write(markdown(result))
-  try:
-    plot(result, stem + ".png")
-  except ImportError:
-    pass
+  stem = _common.write_results(opts.out, "moe_router", opts.quick, result, markdown(result), plot)
   print(f"wrote {stem}.{{md,json,png}} in {result['total_s']:.0f}s")
   return result
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -32,32 +32,8 @@ import numpy as np
 
 import implicit_topk as itk
 
-
-def load_digits(seed=0):
-  from sklearn.datasets import load_digits as sklearn_digits
-
-  data = sklearn_digits()
-  x = (data.data / 16.0).astype(np.float32)
-  y = data.target.astype(np.int32)
-  order = np.random.default_rng(seed).permutation(len(y))
-  x, y = x[order], y[order]
-  split = int(0.7 * len(y))
-  return (x[:split], y[:split]), (x[split:], y[split:])
-
-
-def init_mlp(key, sizes=(64, 64, 10)):
-  params = []
-  for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-    key, sub = jax.random.split(key)
-    params.append((jax.random.normal(sub, (fan_in, fan_out)) / np.sqrt(fan_in), jnp.zeros(fan_out)))
-  return params
-
-
-def mlp(params, x):
-  for w, b in params[:-1]:
-    x = jax.nn.relu(x @ w + b)
-  w, b = params[-1]
-  return x @ w + b
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402  (examples/_common.py)
 
 
 def cross_entropy(logits, labels):
@@ -73,37 +49,13 @@ def soft_error(logits, labels, l=1.0):
 LOSSES = {"cross-entropy": cross_entropy, "soft 0/1 error (soft ranks)": soft_error}
 
 
-def adam(grads, state, lr=1e-2, b1=0.9, b2=0.999, eps=1e-8):
-  m, v, t = state
-  t = t + 1
-  m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
-  v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
-  updates = jax.tree.map(lambda m, v: -lr * (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps), m, v)
-  return updates, (m, v, t)
-
-
 def train(loss_fn, data, epochs, batch=64, seed=0):
-  (x_tr, y_tr), (x_te, y_te) = data
-  params = init_mlp(jax.random.PRNGKey(seed))
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  state = (zeros, zeros, 0)
-
-  @jax.jit
-  def step(params, state, xb, yb):
-    grads = jax.grad(lambda p: loss_fn(mlp(p, xb), yb))(params)
-    updates, state = adam(grads, state)
-    return jax.tree.map(jnp.add, params, updates), state
-
-  accuracy = jax.jit(lambda p, x, y: jnp.mean(jnp.argmax(mlp(p, x), -1) == y))
-  rng = np.random.default_rng(seed)
-  history, start = [], time.perf_counter()
-  for _ in range(epochs):
-    order = rng.permutation(len(y_tr))
-    for i in range(0, len(order) - batch + 1, batch):
-      idx = order[i:i + batch]
-      params, state = step(params, state, x_tr[idx], y_tr[idx])
-    history.append(float(accuracy(params, x_te, y_te)))
-  return history, time.perf_counter() - start
+  _, (x_te, y_te) = data
+  accuracy = jax.jit(lambda p: jnp.mean(jnp.argmax(_common.mlp(p, x_te), -1) == y_te))
+  _, history, seconds = _common.train_mlp(
+      loss_fn, data, epochs=epochs, sizes=(64, 64, 10), lr=1e-2, batch=batch, seed=seed,
+      evaluate=lambda p: float(accuracy(p)))
+  return history, seconds
 
 
 def main(argv=None):
@@ -113,7 +65,7 @@ def main(argv=None):
   ap.add_argument("--out", default=os.path.join("examples", "results"))
   opts = ap.parse_args(argv)
   epochs = 3 if opts.quick else opts.epochs
-  data = load_digits()
+  data = _common.load_digits()
   results = {}
   for name, loss_fn in LOSSES.items():
     history, seconds = train(loss_fn, data, epochs)

@@ -28,7 +28,7 @@ import argparse
 import functools
 import json
 import os
-import time
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -36,38 +36,10 @@ import numpy as np
 
 from implicit_topk import losses
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402  (examples/_common.py)
+
 P_K = (0.5, 0.0, 0.0, 0.0, 0.5)
-
-
-def load_digits(seed=0, noise=0.3):
-  from sklearn.datasets import load_digits as sklearn_digits
-
-  data = sklearn_digits()
-  x = (data.data / 16.0).astype(np.float32)
-  y = data.target.astype(np.int32)
-  rng = np.random.default_rng(seed)
-  order = rng.permutation(len(y))
-  x, y = x[order], y[order]
-  split = int(0.7 * len(y))
-  y_train = y[:split].copy()
-  flip = rng.random(split) < noise
-  y_train[flip] = rng.integers(0, 10, size=int(flip.sum()))
-  return (x[:split], y_train), (x[split:], y[split:])
-
-
-def init_mlp(key, sizes=(64, 32, 10)):
-  params = []
-  for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-    key, sub = jax.random.split(key)
-    params.append((jax.random.normal(sub, (fan_in, fan_out)) / np.sqrt(fan_in), jnp.zeros(fan_out)))
-  return params
-
-
-def mlp(params, x):
-  for w, b in params[:-1]:
-    x = jax.nn.relu(x @ w + b)
-  w, b = params[-1]
-  return x @ w + b
 
 
 def cross_entropy(logits, labels):
@@ -90,42 +62,16 @@ LOSSES = {
 }
 
 
-def adam(grads, state, lr=5e-3, b1=0.9, b2=0.999, eps=1e-8):
-  m, v, t = state
-  t = t + 1
-  m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
-  v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
-  updates = jax.tree.map(lambda m, v: -lr * (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps), m, v)
-  return updates, (m, v, t)
-
-
 def topk_accuracy(logits, labels, k):
   _, idx = jax.lax.top_k(logits, k)
   return jnp.mean(jnp.any(idx == labels[:, None], axis=-1))
 
 
 def train(loss_fn, data, epochs, batch=64, seed=0):
-  (x_tr, y_tr), (x_te, y_te) = data
-  params = init_mlp(jax.random.PRNGKey(seed))
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  state = (zeros, zeros, 0)
-
-  @jax.jit
-  def step(params, state, xb, yb):
-    grads = jax.grad(lambda p: loss_fn(mlp(p, xb), yb))(params)
-    updates, state = adam(grads, state)
-    return jax.tree.map(jnp.add, params, updates), state
-
-  rng = np.random.default_rng(seed)
-  start = time.perf_counter()
-  for _ in range(epochs):
-    order = rng.permutation(len(y_tr))
-    for i in range(0, len(order) - batch + 1, batch):
-      idx = order[i:i + batch]
-      params, state = step(params, state, x_tr[idx], y_tr[idx])
-  jax.block_until_ready(params)
-  seconds = time.perf_counter() - start
-  logits = mlp(params, x_te)
+  _, (x_te, y_te) = data
+  params, _, seconds = _common.train_mlp(loss_fn, data, epochs=epochs, sizes=(64, 32, 10),
+                                         lr=5e-3, batch=batch, seed=seed)
+  logits = _common.mlp(params, x_te)
   return {"top1": float(topk_accuracy(logits, y_te, 1)), "top5": float(topk_accuracy(logits, y_te, 5)),
           "seconds": seconds, "epochs": epochs}
 
@@ -144,7 +90,7 @@ def main(argv=None):
   ap.add_argument("--out", default=os.path.join("examples", "results"))
   opts = ap.parse_args(argv)
   epochs = 2 if opts.quick else opts.epochs
-  data = load_digits()
+  data = _common.load_digits(label_noise=0.3)
   results = {}
   for name, loss_fn in LOSSES.items():
     results[name] = train(loss_fn, data, epochs)

@@ -88,7 +88,6 @@ def _select_m(logits, labels, m):
 def _memberships(method, scores, ks, *, l, p, regularizer, solver, inverse_temperature, distribution,
                  art_lambda, num_samples, key):
   """P(j in top-k) for each k in ks: shape batch + (len(ks), n)."""
-  n = scores.shape[-1]
   if callable(method):
     return method(scores, ks)
   kmax = max(ks)
