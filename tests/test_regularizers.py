@@ -98,7 +98,7 @@ def test_gradients_pass_check_grads(name):
   check_grads(g, (2.5, 0.6), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(NAMES), st.integers(0, 2**31 - 1), st.sampled_from([0.01, 0.3, 5.0]))
 def test_pav_and_threshold_agree(name, seed, l):
   rng = np.random.default_rng(seed)
@@ -114,7 +114,7 @@ def test_pav_rejects_a_user_regularizer_with_a_clear_message():
     itk.soft_topk_mask(_rows(11, (6,)), 2.0, regularizer=Arctan(), solver="pav")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(NAMES), st.integers(0, 2**31 - 1), st.floats(0.05, 5.0),
        st.floats(-100, 100))
 def test_feasible_monotone_and_shift_invariant(name, seed, l, shift):
