@@ -278,15 +278,12 @@ class MagnitudeThresholdSolver(MagnitudeSolver):
     return jnp.where(known, known_value, lam), iter_num
 
 
-def _host_threshold(p, x, k, l):
-  kernels = _pav._kernels()
-  x = np.asarray(x)
+def _host_threshold(p, kernels, x, k, l):
   batch_shape, n = x.shape[:-1], x.shape[-1]
   k = np.broadcast_to(np.asarray(k, np.float64), batch_shape).reshape(-1)
   l = np.broadcast_to(np.asarray(l, np.float64), batch_shape).reshape(-1)
-  with _pav._KERNEL_LOCK:
-    lam = kernels.magnitude_threshold(
-        x.reshape(-1, n), np.ascontiguousarray(k), np.ascontiguousarray(l), p)
+  lam = kernels.magnitude_threshold(
+      x.reshape(-1, n), np.ascontiguousarray(k), np.ascontiguousarray(l), p)
   return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
 
 

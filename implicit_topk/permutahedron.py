@@ -34,6 +34,8 @@ The capped simplex is :math:`P((1, \dots, 1, 0, \dots, 0))`; soft ranks use
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,14 +43,12 @@ import numpy as np
 from implicit_topk import _implicit
 from implicit_topk import _validation
 from implicit_topk import regularizers
+from implicit_topk.solvers import host
 from implicit_topk.solvers import pav
 
 
-def _host_dual(p, s, w, l):
+def _host_dual(p, pav_kernels, s, w, l):
   """PAV on the host: block values (padded with 0) and block ids, per row."""
-  from implicit_topk.solvers import pav_kernels
-
-  s = np.asarray(s)
   batch_shape, n = s.shape[:-1], s.shape[-1]
   s2 = s.reshape(-1, n)
   w2 = np.broadcast_to(np.asarray(w), s.shape).reshape(-1, n)
@@ -91,12 +91,11 @@ def _sorted_argmax(s, w, l, regularizer):
   p = _kernel_spec(regularizer)
   l_row = jnp.broadcast_to(l, s.shape[:-1])[..., None]
 
-  def host(s_, w_, l_):
+  def solve_on_host(s_, w_, l_):
     out = (jax.ShapeDtypeStruct(s_.shape, s_.dtype), jax.ShapeDtypeStruct(s_.shape, jnp.int32))
-    return jax.pure_callback(lambda a, b, c: _host_dual(p, a, b, c), out, s_, w_, l_,
-                             vmap_method="broadcast_all")
+    return host.call(functools.partial(_host_dual, p), out, s_, w_, l_)
 
-  values, ids = host(*jax.lax.stop_gradient((s, w, l_row[..., 0])))
+  values, ids = solve_on_host(*jax.lax.stop_gradient((s, w, l_row[..., 0])))
   n_blocks = jnp.max(ids, axis=-1, keepdims=True) + 1
   used = jnp.arange(s.shape[-1]) < n_blocks
 

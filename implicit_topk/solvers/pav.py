@@ -13,54 +13,32 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from implicit_topk.solvers import host
 from implicit_topk.solvers.base import CappedSimplexSolver
 
 
-# numba's default OpenMP layer spin-waits: on a loaded 2-core machine every call then
-# costs ~8 ms (benchmarks/results/cpu_pav_workqueue.md). The workqueue layer does not,
-# but must never be entered concurrently, hence the lock. A user's explicit
-# NUMBA_THREADING_LAYER is respected.
-_KERNEL_LOCK = threading.Lock()
-
-
-def _kernels():
-  import numba
-  if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"
-  from implicit_topk.solvers import pav_kernels  # numba compiles on first use
-  return pav_kernels
-
-
-def _host_threshold(p, x, k, l):
+def _host_threshold(p, kernels, x, k, l):
   """``p``: the p-norm exponent (float) or a link name (see :func:`kernel_spec`)."""
-  pav_kernels = _kernels()
-
-  x = np.asarray(x)
   batch_shape, n = x.shape[:-1], x.shape[-1]
-  rows = x.reshape(-1, n)
   k = np.broadcast_to(np.asarray(k, np.float64), batch_shape).reshape(-1)
   l = np.broadcast_to(np.asarray(l, np.float64), batch_shape).reshape(-1)
-  with _KERNEL_LOCK:
-    lam = pav_kernels.capped_simplex_threshold(
-        rows, np.ascontiguousarray(k), np.ascontiguousarray(l), p)
+  lam = kernels.capped_simplex_threshold(
+      x.reshape(-1, n), np.ascontiguousarray(k), np.ascontiguousarray(l), p)
   return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
 
 
 def host_root(host_fn, x, k, l):
   """Thresholds from a host kernel, one ``pure_callback`` for the whole batch.
 
-  ``host_fn(x, k, l) -> lam`` (numpy, shape ``x.shape[:-1]``); a direct method, so the
-  iteration count is 0.
+  ``host_fn(kernels, x, k, l) -> lam`` (numpy, shape ``x.shape[:-1]``); a direct
+  method, so the iteration count is 0.
   """
-  out = jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)
-  lam = jax.pure_callback(host_fn, out, x, k, l, vmap_method="broadcast_all")
+  lam = host.call(host_fn, jax.ShapeDtypeStruct(x.shape[:-1], x.dtype), x, k, l)
   return lam, jnp.zeros(x.shape[:-1], jnp.int32)
 
 
