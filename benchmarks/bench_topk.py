@@ -1,30 +1,33 @@
 #!/usr/bin/env python
-"""Wall-clock benchmark of the soft top-k mask against the usual baselines.
+"""Benchmark matrix: soft top-k mask (forward+backward) against the hard mask (forward).
 
-For each problem size ``n`` and batch size ``b`` it times, under ``jax.jit`` and after
-warm-up, the forward pass and the forward+backward pass (the gradient of
-``sum(y * w)`` for a fixed random ``w``) of
+What a user sees: in every cell (a batch x n float32 score array, standard normal, fixed
+seed, and a k), it times under ``jax.jit``
 
-* ``soft_topk_mask`` with ``solver="pav"`` and ``solver="threshold"``, ``p = 4/3`` and
-  ``p = 2``, and ``solver="dykstra"`` (``p = 2``, ``tol = 1e-6``) (``l = 0.1``,
-  ``k = max(1, n // 100)``, float32);
-* the hard mask users would otherwise write: ``jax.lax.top_k`` + a scatter of ones
-  (its gradient is zero, so the backward pass is timed on ``x * mask``);
-* ``jnp.sort`` along the last axis (a lower bound for any sort-based method);
-* ``jaxopt.projection.projection_box_section`` (the exact ``p = 2`` problem, the
-  projection of ``x / l`` onto ``{0 <= y <= 1, sum(y) = k}``, solved by bisection with
-  implicit differentiation), ``vmap``-ed over rows.
+* ``hard fwd``: the hard mask users would otherwise write, ``lax.top_k`` + a scatter of
+  ones into zeros (what ``implicit_topk.hard_topk_mask`` does), forward only;
+* ``soft <solver> p=<p>``: ``jax.grad(lambda x: sum(soft_topk_mask(x, k, l=l, p=p,
+  solver=solver) * w))`` for a fixed random cotangent ``w`` (forward + backward), for
+  p in {4/3, 2} and solver in {auto, threshold, pav}, plus dykstra at p = 2 where
+  n x batch <= 1e5.
 
-Each time is the median of repeated calls (``block_until_ready``), and is also reported
-relative to the hard mask at the same ``(n, b)``. Results go to ``--out`` as
-``<backend>.md`` (Markdown table), ``<backend>.json`` (raw numbers) and
-``<backend>.png`` (fwd+bwd time vs n, log-log, one panel per batch size), where
-``<backend>`` is ``jax.default_backend()``. See ``benchmarks/README.md``.
+Every contender of a cell is compiled and warmed up first; then the timed calls are
+interleaved (round r calls every contender once, in a fixed order), each ending with
+``block_until_ready``. Reported: median, min, max, IQR of >= 11 calls (fewer, never
+below ``--min-repeats``, for non-default contenders whose one call takes > 1 s; a
+contender whose warm call takes > 20 s is skipped). ratio = soft fwd+bwd median / hard
+fwd median of the same cell. ``os.getloadavg()`` is printed and stored at the start and
+per cell. A contender that raises is recorded as an error; the run goes on.
+
+Outputs ``<out>.json`` (raw numbers + environment), ``<out>.md`` (one table, rows =
+cells) and ``<out>.png`` (ratios, log axis, line at 2x). ``benchmarks/readme_table.py``
+turns the JSON into the README's table. See ``benchmarks/README.md``.
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/bench_topk.py            # full grid
-    PYTHONPATH=. python benchmarks/bench_topk.py --quick    # smoke run, < 1 minute
+    python benchmarks/bench_topk.py                        # full matrix (~15 min, 2-core CPU)
+    python benchmarks/bench_topk.py --quick --out /tmp/q   # smoke test, < 30 s
+    python benchmarks/bench_topk.py --cells router --solvers auto
 """
 
 from __future__ import annotations
@@ -46,15 +49,15 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-L_REG = 0.1
-DEFAULT_SIZES = (100, 1_000, 10_000, 100_000, 1_000_000)
-DEFAULT_BATCHES = (1, 64)
-QUICK_SIZES = (100, 10_000)
-QUICK_BATCHES = (1, 8)
-# Cells with more than this many elements are skipped unless --full-grid: by default
-# that drops only (n=1e6, batch=64), which takes minutes and ~GBs on a small CPU box.
-DEFAULT_MAX_ELEMENTS = 10_000_000
-HARD = "hard (top_k+scatter)"
+HARD = "hard fwd"
+DEFAULT_SOLVER = "auto"
+ALL_SOLVERS = ("auto", "threshold", "pav", "dykstra")
+P_VALUES = ((4.0 / 3.0, "4/3"), (2.0, "2"))
+DYKSTRA_MAX_ELEMENTS = 1e5   # dykstra (p = 2 only) runs where n x batch <= this
+SLOW_CALL_S = 1.0            # above this, non-default contenders may get fewer repeats
+HOPELESS_CALL_S = 20.0       # above this (one warm call), a contender is skipped
+ROUTER_L = 0.5
+DEFAULT_L = 0.1
 # Environment variables that change the timings; recorded when set.
 ENV_VARS = ("NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "OMP_WAIT_POLICY",
             "OMP_NUM_THREADS", "XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64",
@@ -62,157 +65,179 @@ ENV_VARS = ("NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "OMP_WAIT_POLICY",
 
 
 # ----------------------------------------------------------------------------------
-# Methods. Each builder takes (n, k) and returns (forward, loss): forward(x) -> array,
-# loss(x, w) -> scalar whose gradient in x is the "backward" that we time.
+# The matrix
+# ----------------------------------------------------------------------------------
+
+
+def _fmt_n(n):
+  e = math.log10(n) if n > 0 else 0
+  return f"1e{int(round(e))}" if n >= 1000 and abs(e - round(e)) < 1e-9 else str(n)
+
+
+def _cell(group, batch, n, k, l):
+  return {"name": f"{group} {batch}x{_fmt_n(n)} k={k}", "group": group, "batch": batch,
+          "n": n, "k": k, "l": l}
+
+
+def default_cells():
+  cells = []
+  for n in (8, 64, 256):
+    for k in (1, 2, 8):
+      cells.append(_cell("router", 16384, n, k, ROUTER_L))
+  for group, batch in (("small", 1), ("mid", 64)):
+    for n in (1_000, 10_000):
+      for k in (2, n // 100):
+        cells.append(_cell(group, batch, n, k, DEFAULT_L))
+  cells.append(_cell("large", 64, 100_000, 1_000, DEFAULT_L))
+  cells.append(_cell("large", 1, 1_000_000, 10_000, DEFAULT_L))
+  cells.append(_cell("large", 1, 10_000_000, 100_000, DEFAULT_L))
+  return cells
+
+
+def quick_cells():
+  return [_cell("small", 1, 1_000, 10, DEFAULT_L)]
+
+
+def custom_cells(sizes, batches):
+  return [_cell("custom", b, n, max(1, n // 100), DEFAULT_L) for n in sizes for b in batches]
+
+
+def contenders_for(cell, solvers):
+  """[(name, solver, p) ...]; the hard mask first (solver None)."""
+  out = [(HARD, None, None)]
+  for solver in solvers:
+    for p, p_name in P_VALUES:
+      if solver == "dykstra" and p != 2.0:
+        continue
+      out.append((f"soft {solver} p={p_name}", solver, p))
+  return out
+
+
+def static_skip(cell, solver):
+  """Reason to skip a contender without running it, or None."""
+  if cell["k"] >= cell["n"]:
+    return f"k = n = {cell['n']}: every entry is selected (soft_topk_mask needs k < n)"
+  if solver == "dykstra" and cell["n"] * cell["batch"] > DYKSTRA_MAX_ELEMENTS:
+    return f"dykstra runs only where n x batch <= {DYKSTRA_MAX_ELEMENTS:g}"
+  return None
+
+
+# ----------------------------------------------------------------------------------
+# Contenders
 # ----------------------------------------------------------------------------------
 
 
 def _hard_mask(x, k):
-  """What users write without this library: lax.top_k + a scatter of ones."""
-  _, idx = jax.lax.top_k(jax.lax.stop_gradient(x), k)
+  """What users write without this library: lax.top_k + a scatter of ones into zeros
+  (the same as implicit_topk.hard_topk_mask, inlined so a library refactor cannot
+  break the reference)."""
+  _, idx = jax.lax.top_k(x, k)
   return jnp.put_along_axis(jnp.zeros_like(x), idx, jnp.ones((), x.dtype), axis=-1,
                             inplace=False)
 
 
-def build_hard(n, k):
-  def forward(x):
-    return _hard_mask(x, k)
+def build(cell, solver, p):
+  """A jitted function of (x, w) for the contender."""
+  k, l = cell["k"], cell["l"]
+  if solver is None:
+    return jax.jit(lambda x, w: _hard_mask(x, k))
+  from implicit_topk import soft_topk_mask
 
   def loss(x, w):
-    # The mask itself has zero gradient; x * mask has the usual straight-through-free
-    # gradient (w * mask), so there is a backward pass to time.
-    return jnp.sum(x * _hard_mask(x, k) * w)
+    return jnp.sum(soft_topk_mask(x, k, l=l, p=p, solver=solver) * w)
 
-  return forward, loss
-
-
-def build_sort(n, k):
-  def forward(x):
-    return jnp.sort(x, axis=-1)
-
-  def loss(x, w):
-    return jnp.sum(jnp.sort(x, axis=-1) * w)
-
-  return forward, loss
-
-
-def make_soft_builder(solver, p, op="soft_topk_mask"):
-  def build(n, k):
-    import implicit_topk as itk
-
-    def forward(x):
-      return getattr(itk, op)(x, k, l=L_REG, p=p, solver=solver)
-
-    def loss(x, w):
-      return jnp.sum(forward(x) * w)
-
-    return forward, loss
-
-  return build
-
-
-def build_jaxopt(n, k):
-  from jaxopt.projection import projection_box_section
-
-  def project_row(row):
-    dtype = row.dtype
-    hyper = (jnp.zeros(n, dtype), jnp.ones(n, dtype), jnp.ones(n, dtype),
-             jnp.asarray(k, dtype))
-    return projection_box_section(row / L_REG, hyper)
-
-  def forward(x):
-    flat = x.reshape(-1, n)
-    return jax.vmap(project_row)(flat).reshape(x.shape)
-
-  def loss(x, w):
-    return jnp.sum(forward(x) * w)
-
-  return forward, loss
-
-
-METHODS = {
-    HARD: build_hard,
-    "jnp.sort": build_sort,
-    "soft pav p=4/3": make_soft_builder("pav", 4.0 / 3.0),
-    "soft pav p=2": make_soft_builder("pav", 2.0),
-    "soft threshold p=4/3": make_soft_builder("threshold", 4.0 / 3.0),
-    "soft threshold p=2": make_soft_builder("threshold", 2.0),
-    "soft dykstra p=2 (tol 1e-6)": make_soft_builder("dykstra", 2.0),
-    "soft mag pav p=4/3": make_soft_builder("pav", 4.0 / 3.0, "soft_topk_mag"),
-    "soft mag threshold p=4/3": make_soft_builder("threshold", 4.0 / 3.0, "soft_topk_mag"),
-    "jaxopt box_section p=2": build_jaxopt,
-}
-# Methods whose output is a mask summing to k along the last axis (sanity column).
-MASK_METHODS = {m for m in METHODS if m != "jnp.sort" and "mag" not in m}
-# Methods too slow for large cells: Dykstra needs thousands of sweeps when blocks are
-# long (examples/implicit_vs_unrolled.py); skipped above this n x batch.
-SLOW_METHODS = {"soft dykstra p=2 (tol 1e-6)": 1e5}
-# --solvers selects among the soft solvers; the baselines always run.
-SOLVER_OF = {
-    "soft pav p=4/3": "pav", "soft pav p=2": "pav",
-    "soft threshold p=4/3": "threshold", "soft threshold p=2": "threshold",
-    "soft dykstra p=2 (tol 1e-6)": "dykstra",
-    "soft mag pav p=4/3": "pav", "soft mag threshold p=4/3": "threshold",
-}
-
-
-# ----------------------------------------------------------------------------------
-# Timing
-# ----------------------------------------------------------------------------------
+  return jax.jit(jax.grad(loss))  # gradient in x only; w is an argument, not a constant
 
 
 def _block(out):
   return jax.tree_util.tree_map(lambda a: a.block_until_ready(), out)
 
 
-def time_fn(fn, args, *, max_repeats, min_repeats, budget_s):
-  """Compiles + warms ``fn(*args)``; returns (median s, all samples, compile s, output).
-
-  The number of timed calls is ``budget_s / (one call)`` clipped to
-  ``[min_repeats, max_repeats]``, so slow cells (large n) use fewer repeats.
-  """
-  t0 = time.perf_counter()
-  out = _block(fn(*args))  # compile + first run
-  compile_s = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  _block(fn(*args))  # warm-up (caches, thread pools, numba dispatch)
-  one = time.perf_counter() - t0
-  reps = int(min(max_repeats, max(min_repeats, budget_s / max(one, 1e-9))))
-  samples = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    _block(fn(*args))
-    samples.append(time.perf_counter() - t0)
-  return statistics.median(samples), samples, compile_s, out
-
-
 def _short_error(exc):
   msg = f"{type(exc).__name__}: {exc}".replace("\n", " ").replace("|", "/")
-  return msg if len(msg) <= 90 else msg[:87] + "..."
+  return msg if len(msg) <= 120 else msg[:117] + "..."
 
 
-def run_cell(name, n, batch, k, x, w, opts):
-  rec = {"method": name, "n": n, "batch": batch, "k": k}
+def _loadavg():
   try:
-    forward, loss = METHODS[name](n, k)
-    fwd = jax.jit(forward)
-    fwd_bwd = jax.jit(jax.value_and_grad(loss))
-    kw = dict(max_repeats=opts.repeats, min_repeats=opts.min_repeats,
-              budget_s=opts.cell_budget)
-    t_f, s_f, c_f, y = time_fn(fwd, (x,), **kw)
-    t_b, s_b, c_b, (_, g) = time_fn(fwd_bwd, (x, w), **kw)
-    rec.update(fwd_s=t_f, fwd_bwd_s=t_b, fwd_samples=s_f, fwd_bwd_samples=s_b,
-               compile_fwd_s=c_f, compile_fwd_bwd_s=c_b)
-    y = np.asarray(y, np.float64)
-    g = np.asarray(g, np.float64)
-    rec["finite"] = bool(np.all(np.isfinite(y)) and np.all(np.isfinite(g)))
-    if name in MASK_METHODS:
-      rec["max_abs_sum_err"] = float(np.max(np.abs(y.sum(-1) - k)))
-      rec["nnz_frac"] = float(np.mean(y > 0))
-  except Exception as exc:  # record and keep going (e.g. the numba kernel is missing)
-    rec["error"] = _short_error(exc)
-    rec["traceback"] = traceback.format_exc()
-  return rec
+    return [round(v, 2) for v in os.getloadavg()]
+  except (AttributeError, OSError):  # pragma: no cover (Windows)
+    return None
+
+
+def _stats(samples):
+  s = sorted(samples)
+  q = statistics.quantiles(s, n=4) if len(s) >= 2 else [s[0]] * 3
+  med = statistics.median(s)
+  return {"median_s": med, "min_s": s[0], "max_s": s[-1], "iqr_s": q[2] - q[0],
+          "spread": (q[2] - q[0]) / med if med > 0 else None, "repeats": len(s)}
+
+
+def run_cell(cell, contenders, opts, x, w):
+  """Compiles + warms every contender, then times them interleaved. Returns records."""
+  recs = []
+  for name, solver, p in contenders:
+    rec = {"contender": name, "solver": solver, "p": p}
+    reason = static_skip(cell, solver) if solver is not None else (
+        static_skip(cell, None) if cell["k"] > cell["n"] else None)
+    if reason:
+      rec["skipped"] = reason
+    recs.append(rec)
+  # Compile + warm up.
+  fns = {}
+  for rec in recs:
+    if "skipped" in rec:
+      continue
+    try:
+      fn = build(cell, rec["solver"], rec["p"])
+      t0 = time.perf_counter()
+      out = _block(fn(x, w))
+      rec["compile_s"] = time.perf_counter() - t0
+      t0 = time.perf_counter()
+      out = _block(fn(x, w))
+      one = time.perf_counter() - t0
+      rec["warm_s"] = one
+      arr = np.asarray(out, np.float64)
+      rec["finite"] = bool(np.all(np.isfinite(arr)))
+      if rec["solver"] is None:
+        rec["max_abs_sum_err"] = float(np.max(np.abs(arr.sum(-1) - cell["k"])))
+      del out, arr
+      if one > HOPELESS_CALL_S:
+        rec["skipped"] = f"one warm call took {one:.1f} s > {HOPELESS_CALL_S:g} s"
+        continue
+      default = rec["solver"] in (None, DEFAULT_SOLVER)
+      reps = opts.repeats
+      if not default and one > SLOW_CALL_S:
+        reps = max(opts.min_repeats, min(opts.repeats, math.ceil(opts.cell_budget / one)))
+      rec["target_repeats"] = reps
+      rec["samples_s"] = []
+      fns[rec["contender"]] = fn
+    except Exception as exc:  # record and move on (e.g. a solver mid-refactor)
+      rec["error"] = _short_error(exc)
+      rec["traceback"] = traceback.format_exc()
+  # Interleaved timing: round r runs every contender that still needs samples once.
+  live = [r for r in recs if r["contender"] in fns]
+  rounds = max([r["target_repeats"] for r in live], default=0)
+  for i in range(rounds):
+    for rec in live:
+      if "error" in rec or i >= rec["target_repeats"]:
+        continue
+      fn = fns[rec["contender"]]
+      try:
+        t0 = time.perf_counter()
+        _block(fn(x, w))
+        rec["samples_s"].append(time.perf_counter() - t0)
+      except Exception as exc:
+        rec["error"] = f"during timing: {_short_error(exc)}"
+        rec["traceback"] = traceback.format_exc()
+  for rec in live:
+    if rec["samples_s"]:
+      rec.update(_stats(rec["samples_s"]))
+  hard = next((r for r in recs if r["contender"] == HARD and "median_s" in r), None)
+  for rec in recs:
+    if hard is not None and "median_s" in rec:
+      rec["ratio"] = rec["median_s"] / hard["median_s"]
+  return recs
 
 
 # ----------------------------------------------------------------------------------
@@ -235,115 +260,112 @@ def _fmt_ratio(r):
   return f"{r:.0f}x" if r >= 100 else (f"{r:.1f}x" if r >= 10 else f"{r:.2f}x")
 
 
-def _fmt_n(n):
-  e = math.log10(n)
-  return f"1e{int(round(e))}" if abs(e - round(e)) < 1e-9 else str(n)
+def _cell_text(rec, default_marks=True):
+  if rec is None:
+    return ""
+  if "skipped" in rec:
+    return "skipped"
+  if "error" in rec:
+    return "error"
+  if "median_s" not in rec:
+    return "—"
+  text = _fmt_ms(rec["median_s"])
+  if "ratio" in rec and rec["solver"] is not None:
+    ratio = _fmt_ratio(rec["ratio"])
+    if default_marks and rec["solver"] == DEFAULT_SOLVER and rec["ratio"] > 2:
+      ratio = f"**{ratio}**"
+    text += f" ({ratio})"
+  return text
 
 
-def add_ratios(records):
-  base = {(r["n"], r["batch"]): r for r in records if r["method"] == HARD and "error" not in r}
-  for r in records:
-    b = base.get((r["n"], r["batch"]))
-    if b is not None and "error" not in r:
-      r["fwd_ratio"] = r["fwd_s"] / b["fwd_s"]
-      r["fwd_bwd_ratio"] = r["fwd_bwd_s"] / b["fwd_bwd_s"]
-
-
-def markdown(records, meta):
+def markdown(result):
+  meta = result["meta"]
+  cells = result["cells"]
+  names = []
+  for c in cells:
+    for r in c["records"]:
+      if r["contender"] != HARD and r["contender"] not in names:
+        names.append(r["contender"])
   lines = [
-      f"# implicit_topk benchmark — backend `{meta['backend']}`",
+      f"# implicit_topk benchmark matrix — backend `{meta['backend']}`",
       "",
       f"- device: {meta['device']}; CPUs: {meta['cpu_count']}; {meta['platform']}",
-      f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, jaxopt {meta['jaxopt']}, "
-      f"numba {meta['numba']} (threads: {meta['numba_threads']}), numpy {meta['numpy']}, python {meta['python']}",
+      f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, numba {meta['numba']} "
+      f"(threads: {meta['numba_threads']}), numpy {meta['numpy']}, python {meta['python']}",
       f"- git: {meta['git']}; date: {meta['date']}; wall time {meta['total_s']:.0f} s; "
-      f"1-min load average {meta['loadavg_1m_start']} at start, "
-      f"{meta['loadavg_1m_end']} at end (other processes on the machine skew timings)",
+      f"load average (1, 5, 15 min) {meta['loadavg_start']} at start, "
+      f"{meta['loadavg_end']} at end (other processes skew timings; per cell in the JSON)",
       f"- command: `{meta['command']}`; environment: "
       + (", ".join(f"`{k}={v}`" for k, v in meta["env"].items()) or "no relevant variables set"),
-      f"- float32, l = {L_REG}, k = max(1, n // 100); time = median over repeats after "
-      f"warm-up, in ms; ratio = time / time of `{HARD}` at the same (n, batch).",
-      f"- skipped cells (n x batch > {meta['max_elements']:g}): "
-      f"{', '.join(meta['skipped']) or 'none'}",
+      "- float32 scores ~ N(0, 1); `hard fwd` = jitted `lax.top_k` + scatter of ones "
+      "(forward only); `soft <solver> p=<p>` = jitted `jax.grad` of "
+      "`sum(soft_topk_mask(x, k, l=l, p=p, solver=solver) * w)` (forward + backward).",
+      f"- each entry: median ms over interleaved repeats (>= {meta['options']['repeats']} "
+      "for the hard mask and the default solver) and, in parentheses, the ratio to the "
+      f"hard fwd median of the same cell; **bold**: default solver (`{DEFAULT_SOLVER}`) "
+      "more than 2x the hard mask.",
       "",
-      "| n | batch | k | method | fwd (ms) | fwd+bwd (ms) | fwd / hard | fwd+bwd / hard "
-      "| max\\|Σy−k\\| | reps fwd/bwd |",
-      "|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|",
+      "| cell | l | hard fwd (ms) | " + " | ".join(names) + " | load 1m |",
+      "|:---|---:|---:|" + "---:|" * len(names) + "---:|",
   ]
-  for r in records:
-    head = f"| {_fmt_n(r['n'])} | {r['batch']} | {r['k']} | {r['method']} "
-    if "error" in r:
-      lines.append(head + f"| ERROR: {r['error']} | | | | | |")
-      continue
-    ratio_f = _fmt_ratio(r["fwd_ratio"]) if "fwd_ratio" in r else "—"
-    ratio_b = _fmt_ratio(r["fwd_bwd_ratio"]) if "fwd_bwd_ratio" in r else "—"
-    err = f"{r['max_abs_sum_err']:.1e}" if "max_abs_sum_err" in r else "—"
-    if not r.get("finite", True):
-      err += " (non-finite!)"
-    lines.append(
-        head + f"| {_fmt_ms(r['fwd_s'])} | {_fmt_ms(r['fwd_bwd_s'])} | {ratio_f} | "
-        f"{ratio_b} | {err} | {len(r['fwd_samples'])}/{len(r['fwd_bwd_samples'])} |")
-
-  # Compact summary: fwd+bwd ratio to the hard mask, one row per method.
-  cells = sorted({(r["batch"], r["n"]) for r in records})
-  methods = [m for m in METHODS if any(r["method"] == m for r in records)]
-  by_key = {(r["method"], r["n"], r["batch"]): r for r in records}
-  lines += ["", "## Summary: fwd+bwd time relative to the hard mask", "",
-            "| method | " + " | ".join(f"b={b}, n={_fmt_n(n)}" for b, n in cells) + " |",
-            "|:---|" + "---:|" * len(cells)]
-  for m in methods:
-    row = []
-    for b, n in cells:
-      r = by_key.get((m, n, b))
-      if r is None:
-        row.append("")
+  notes = []
+  for c in cells:
+    by = {r["contender"]: r for r in c["records"]}
+    row = [c["name"], f"{c['l']:g}", _cell_text(by.get(HARD), False)]
+    for n in names:
+      row.append(_cell_text(by.get(n)))
+    load = c.get("loadavg")
+    row.append(f"{load[0]:.2f}" if load else "")
+    lines.append("| " + " | ".join(row) + " |")
+    for r in c["records"]:
+      if "skipped" in r and not r["skipped"].startswith(("dykstra runs only", "k = n")):
+        notes.append(f"- {c['name']}, {r['contender']}: skipped ({r['skipped']})")
       elif "error" in r:
-        row.append("error")
-      else:
-        row.append(_fmt_ratio(r["fwd_bwd_ratio"]) if "fwd_bwd_ratio" in r else "—")
-    lines.append(f"| {m} | " + " | ".join(row) + " |")
+        notes.append(f"- {c['name']}, {r['contender']}: error ({r['error']})")
+      elif r.get("finite") is False:
+        notes.append(f"- {c['name']}, {r['contender']}: non-finite output")
+  lines += ["", "Skipped by rule: dykstra where n x batch > "
+            f"{DYKSTRA_MAX_ELEMENTS:g}; soft contenders where k = n."]
+  if notes:
+    lines += ["", "Errors and skips:", ""] + notes
   return "\n".join(lines) + "\n"
 
 
-def plot(records, path_png, backend):
+def plot(result, path_png):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  batches = sorted({r["batch"] for r in records})
-  fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 5),
-                           squeeze=False, sharey=True)
+  cells = result["cells"]
+  names = []
+  for c in cells:
+    for r in c["records"]:
+      if r["contender"] != HARD and r["contender"] not in names:
+        names.append(r["contender"])
+  fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(cells) + 3), 5.5))
   markers = "os^vD<>px*"
-  for ax, b in zip(axes[0], batches):
-    for i, m in enumerate(METHODS):
-      pts = sorted((r["n"], r["fwd_bwd_s"] * 1e3) for r in records
-                   if r["method"] == m and r["batch"] == b and "error" not in r)
-      if pts:
-        ns, ts = zip(*pts)
-        ax.plot(ns, ts, marker=markers[i % len(markers)], label=m,
-                linewidth=2.5 if m == HARD else 1.5,
-                linestyle="--" if m in (HARD, "jnp.sort") else "-")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("n (row length)")
-    ax.set_title(f"batch = {b}, fwd+bwd, {backend}")
-    ax.grid(True, which="both", alpha=0.3)
-  axes[0][0].set_ylabel("median time (ms)")
-  axes[0][-1].legend(fontsize=8, loc="upper left")
-  fig.suptitle("k = n/100, l = 0.1, float32")
+  xs = np.arange(len(cells))
+  for i, name in enumerate(names):
+    pts = [(j, r["ratio"]) for j, c in enumerate(cells) for r in c["records"]
+           if r["contender"] == name and "ratio" in r]
+    if pts:
+      j, ratio = zip(*pts)
+      default = name.startswith(f"soft {DEFAULT_SOLVER} ")
+      ax.plot(j, ratio, marker=markers[i % len(markers)], linestyle="none",
+              markersize=8 if default else 5, label=name, alpha=0.9)
+  ax.axhline(2.0, color="k", linestyle="--", linewidth=1, label="2x")
+  ax.axhline(1.0, color="gray", linestyle=":", linewidth=1)
+  ax.set_yscale("log")
+  ax.set_xticks(xs)
+  ax.set_xticklabels([c["name"] for c in cells], rotation=60, ha="right", fontsize=8)
+  ax.set_ylabel("soft fwd+bwd / hard fwd (median)")
+  ax.set_title(f"implicit_topk vs lax.top_k mask, {result['meta']['backend']} "
+               f"({result['meta']['date'][:10]})")
+  ax.grid(True, which="both", axis="y", alpha=0.3)
+  ax.legend(fontsize=7, loc="upper left", ncol=2)
   fig.tight_layout()
   fig.savefig(path_png, dpi=120)
   plt.close(fig)
-
-
-def _loadavg():
-  try:
-    return round(os.getloadavg()[0], 2)
-  except (AttributeError, OSError):  # pragma: no cover (Windows)
-    return None
-
-
-_LOAD_START = None
 
 
 def _numba_threads():
@@ -358,7 +380,7 @@ def _numba_threads():
     return f"unavailable ({type(exc).__name__})"
 
 
-def metadata(opts, skipped):
+def metadata(opts, load_start):
   def version(dist):
     try:
       from importlib import metadata as importlib_metadata
@@ -382,7 +404,7 @@ def metadata(opts, skipped):
       "cpu_count": os.cpu_count(),
       "platform": platform.platform(),
       "python": platform.python_version(),
-      "jax": jax.__version__, "jaxlib": version("jaxlib"), "jaxopt": version("jaxopt"),
+      "jax": jax.__version__, "jaxlib": version("jaxlib"),
       "numba": version("numba"), "numpy": np.__version__,
       "numba_threads": _numba_threads(),
       "env": {v: os.environ[v] for v in ENV_VARS if v in os.environ},
@@ -390,11 +412,10 @@ def metadata(opts, skipped):
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
       "command": "python " + " ".join(
           [os.path.relpath(sys.argv[0], root) if sys.argv[0] else ""] + sys.argv[1:]),
-      "loadavg_1m_start": _LOAD_START,
-      "loadavg_1m_end": _loadavg(),
-      "max_elements": opts.max_elements,
-      "skipped": skipped,
-      "options": vars(opts),
+      "loadavg_start": load_start,
+      "loadavg_end": _loadavg(),
+      "default_solver": DEFAULT_SOLVER,
+      "options": {k: v for k, v in vars(opts).items()},
   }
 
 
@@ -406,139 +427,143 @@ def metadata(opts, skipped):
 def parse_args(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  ap.add_argument("--sizes", type=lambda s: [int(float(v)) for v in s.split(",")],
-                  default=None, help="comma-separated row lengths n, e.g. 1e2,1e3 "
-                  f"(default {','.join(map(str, DEFAULT_SIZES))})")
-  ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")],
-                  default=None, help="comma-separated batch sizes "
-                  f"(default {','.join(map(str, DEFAULT_BATCHES))})")
-  ap.add_argument("--repeats", type=int, default=None,
-                  help="max timed calls per measurement (default 30; 5 with --quick)")
-  ap.add_argument("--min-repeats", type=int, default=3,
-                  help="min timed calls per measurement")
-  ap.add_argument("--cell-budget", type=float, default=None,
-                  help="target seconds of timed calls per measurement; repeats = "
-                  "budget / one call, clipped to [min-repeats, repeats] "
-                  "(default 1.5; 0.2 with --quick)")
-  ap.add_argument("--solvers", default="pav,threshold,dykstra",
-                  help="comma-separated soft solvers to run (pav, threshold, dykstra); "
-                  "the baselines (hard, sort, jaxopt) always run")
+  ap.add_argument("--solvers", default=",".join(ALL_SOLVERS),
+                  help="comma-separated soft solvers (auto, threshold, pav, dykstra)")
+  ap.add_argument("--cells", default=None,
+                  help="comma-separated substrings; keep only cells whose name contains "
+                  "one of them, e.g. 'router', 'large', '64x1e4', 'k=2'")
   ap.add_argument("--methods", default=None,
-                  help="comma-separated substrings; run only methods whose name "
-                  "contains one of them (the hard baseline always runs)")
-  ap.add_argument("--max-elements", type=float, default=DEFAULT_MAX_ELEMENTS,
-                  help="skip (n, batch) cells with n * batch above this")
-  ap.add_argument("--full-grid", action="store_true",
-                  help="do not skip any cell (includes n=1e6, batch=64)")
+                  help="comma-separated substrings; keep only contenders whose name "
+                  "contains one of them (the hard mask, the ratio's denominator, stays)")
+  ap.add_argument("--repeats", type=int, default=None,
+                  help="timed calls per contender (default 11; 3 with --quick); the hard "
+                  "mask and the default solver always get this many")
+  ap.add_argument("--min-repeats", type=int, default=5,
+                  help="fewest timed calls for other contenders whose one call takes > "
+                  f"{SLOW_CALL_S:g} s")
+  ap.add_argument("--cell-budget", type=float, default=15.0,
+                  help="seconds of timed calls aimed at for a slow (> "
+                  f"{SLOW_CALL_S:g} s per call) non-default contender: its repeats are "
+                  "budget / one call, clipped to [min-repeats, repeats]")
+  ap.add_argument("--sizes", type=lambda s: [int(float(v)) for v in s.split(",")],
+                  default=None, help="instead of the matrix: a grid of row lengths n "
+                  "(with --batches; k = max(1, n // 100), l = 0.1)")
+  ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")],
+                  default=None, help="batch sizes of the --sizes grid (default 1)")
   ap.add_argument("--quick", action="store_true",
-                  help=f"smoke run: sizes {QUICK_SIZES}, batches {QUICK_BATCHES}, few "
-                  "repeats; files get a '_quick' suffix")
-  ap.add_argument("--out", default=os.path.join("benchmarks", "results"),
-                  help="output directory")
-  ap.add_argument("--tag", default=None,
-                  help="suffix of output file names (<backend>_<tag>.md); "
-                  "default '' or 'quick' with --quick")
+                  help="smoke test: one small cell (1x1e3, k=10), 3 repeats (< 30 s)")
+  ap.add_argument("--out", default=None,
+                  help="output path without extension (writes .md, .json, .png); an "
+                  "existing directory gets <backend>_matrix[_<tag>].* inside it "
+                  "(default benchmarks/results/<backend>_matrix)")
+  ap.add_argument("--tag", default=None, help="suffix appended to the output stem")
   ap.add_argument("--numba-threads", type=int, default=None,
-                  help="numba.set_num_threads(N) for the pav kernel (default: numba's "
-                  "default, all cores); on a busy small machine N=1 avoids losing "
-                  "scheduler time slices in the parallel kernel")
+                  help="numba.set_num_threads(N) before timing (threads of the pav kernel)")
   ap.add_argument("--seed", type=int, default=0)
   opts = ap.parse_args(argv)
-  if opts.sizes is None:
-    opts.sizes = list(QUICK_SIZES if opts.quick else DEFAULT_SIZES)
-  if opts.batches is None:
-    opts.batches = list(QUICK_BATCHES if opts.quick else DEFAULT_BATCHES)
   if opts.repeats is None:
-    opts.repeats = 5 if opts.quick else 30
-  if opts.cell_budget is None:
-    opts.cell_budget = 0.2 if opts.quick else 1.5
-  if opts.tag is None:
-    opts.tag = "quick" if opts.quick else ""
-  if opts.full_grid:
-    opts.max_elements = float("inf")
+    opts.repeats = 3 if opts.quick else 11
+  opts.repeats = max(1, opts.repeats)
   opts.min_repeats = max(1, min(opts.min_repeats, opts.repeats))
-  solvers = {s.strip() for s in opts.solvers.split(",") if s.strip()}
-  unknown = solvers - {"pav", "threshold", "dykstra"}
+  solvers = [s.strip() for s in opts.solvers.split(",") if s.strip()]
+  unknown = sorted(set(solvers) - set(ALL_SOLVERS))
   if unknown:
-    ap.error(f"unknown solvers {sorted(unknown)}; choose from pav, threshold, dykstra")
-  opts.solvers = sorted(solvers)
+    ap.error(f"unknown solvers {unknown}; choose from {', '.join(ALL_SOLVERS)}")
+  opts.solvers = [s for s in ALL_SOLVERS if s in solvers]
   return opts
 
 
-def selected_methods(opts):
-  names = [m for m in METHODS if SOLVER_OF.get(m, None) in (None, *opts.solvers)]
-  if opts.methods:
-    subs = [s.strip() for s in opts.methods.split(",") if s.strip()]
-    names = [m for m in names if m == HARD or any(s in m for s in subs)]
-  return names
+def output_stem(opts, backend):
+  default_name = f"{backend}_matrix"
+  if opts.out is None:
+    stem = os.path.join("benchmarks", "results", default_name)
+  elif os.path.isdir(opts.out) or opts.out.endswith(os.sep):
+    stem = os.path.join(opts.out, default_name)
+  else:
+    stem = opts.out
+  if opts.tag:
+    stem += f"_{opts.tag}"
+  return stem
+
+
+def select_cells(opts):
+  if opts.sizes:
+    cells = custom_cells(opts.sizes, opts.batches or [1])
+  elif opts.quick:
+    cells = quick_cells()
+  else:
+    cells = default_cells()
+  if opts.cells:
+    subs = [s.strip() for s in opts.cells.split(",") if s.strip()]
+    cells = [c for c in cells if any(s in c["name"] for s in subs)]
+  return cells
 
 
 def main(argv=None):
-  global _LOAD_START
   opts = parse_args(argv)
-  _LOAD_START = _loadavg()
+  load_start = _loadavg()
   if opts.numba_threads is not None:
     import numba
     numba.set_num_threads(opts.numba_threads)
   backend = jax.default_backend()
-  methods = selected_methods(opts)
-  cells, skipped = [], []
-  for n in opts.sizes:
-    for b in opts.batches:
-      if n * b > opts.max_elements:
-        skipped.append(f"n={_fmt_n(n)} batch={b}")
-      else:
-        cells.append((n, b))
-  total = len(cells) * len(methods)
-  print(f"backend={backend} device={jax.devices()[0]} methods={len(methods)} "
-        f"cells={len(cells)} skipped={skipped or 'none'}", flush=True)
+  cells = select_cells(opts)
+  subs = [s.strip() for s in (opts.methods or "").split(",") if s.strip()]
 
-  os.makedirs(opts.out, exist_ok=True)
-  stem = backend + (f"_{opts.tag}" if opts.tag else "")
-  records = []
-  key = jax.random.PRNGKey(opts.seed)
+  def keep(name):
+    return name == HARD or not subs or any(s in name for s in subs)
+
+  total = sum(1 for c in cells for name, _, _ in contenders_for(c, opts.solvers) if keep(name))
+  print(f"backend={backend} device={jax.devices()[0]} cells={len(cells)} "
+        f"contenders={total} solvers={','.join(opts.solvers)} repeats={opts.repeats} "
+        f"loadavg={load_start}", flush=True)
+  stem = output_stem(opts, backend)
+  os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
+
   t_start = time.perf_counter()
-  i = 0
-  for n, b in cells:
-    k = max(1, n // 100)
-    kx, kw, key = jax.random.split(key, 3)
-    x = jax.random.normal(kx, (b, n), jnp.float32)
-    w = jax.random.normal(kw, (b, n), jnp.float32)
-    for name in methods:
-      i += 1
-      if name in SLOW_METHODS and n * b > SLOW_METHODS[name]:
-        print(f"[{i:3d}/{total}] skip {name} at n={_fmt_n(n)} batch={b} "
-              f"(n x batch > {SLOW_METHODS[name]:g})", flush=True)
-        continue
-      rec = run_cell(name, n, b, k, x, w, opts)
-      records.append(rec)
-      prefix = (f"[{i:3d}/{total}] {time.perf_counter() - t_start:6.1f}s "
-                f"n={_fmt_n(n):>4} batch={b:<3} k={k:<5} {name:<24}")
-      if "error" in rec:
-        print(f"{prefix} ERROR {rec['error']}", flush=True)
-      else:
-        print(f"{prefix} fwd {_fmt_ms(rec['fwd_s']):>7} ms  fwd+bwd "
-              f"{_fmt_ms(rec['fwd_bwd_s']):>7} ms  (compile "
-              f"{rec['compile_fwd_s'] + rec['compile_fwd_bwd_s']:.1f}s, reps "
-              f"{len(rec['fwd_samples'])}/{len(rec['fwd_bwd_samples'])})", flush=True)
+  result_cells, flat, done = [], [], 0
+  for cell in cells:
+    # Same (seed, batch, n) -> same scores and cotangent, whatever cells are selected.
+    rng = np.random.default_rng([opts.seed, cell["batch"], cell["n"]])
+    x = jnp.asarray(rng.standard_normal((cell["batch"], cell["n"]), np.float32))
+    w = jnp.asarray(rng.standard_normal((cell["batch"], cell["n"]), np.float32))
+    _block((x, w))
+    load = _loadavg()
+    print(f"-- {cell['name']} (l={cell['l']:g}) loadavg={load}", flush=True)
+    t_cell = time.perf_counter()
+    chosen = [c for c in contenders_for(cell, opts.solvers) if keep(c[0])]
+    recs = run_cell(cell, chosen, opts, x, w)
     del x, w
+    for r in recs:
+      done += 1
+      prefix = (f"[{done:3d}/{total}] {time.perf_counter() - t_start:6.1f}s "
+                f"{cell['name']:<24} {r['contender']:<22}")
+      if "skipped" in r:
+        print(f"{prefix} skipped ({r['skipped']})", flush=True)
+      elif "error" in r:
+        print(f"{prefix} ERROR {r['error']}", flush=True)
+      else:
+        ratio = f"  ratio {_fmt_ratio(r['ratio'])}" if "ratio" in r else ""
+        print(f"{prefix} median {_fmt_ms(r['median_s']):>7} ms  min "
+              f"{_fmt_ms(r['min_s']):>7} ms  spread {100 * (r['spread'] or 0):4.0f}%  "
+              f"reps {r['repeats']:>2}  compile {r['compile_s']:.1f}s{ratio}", flush=True)
+      flat.append(dict(r, cell=cell["name"]))
+    result_cells.append(dict(cell, loadavg=load, seconds=time.perf_counter() - t_cell,
+                             records=recs))
 
-  add_ratios(records)
-  meta = metadata(opts, skipped)
+  meta = metadata(opts, load_start)
   meta["total_s"] = time.perf_counter() - t_start
-  md_path = os.path.join(opts.out, stem + ".md")
-  with open(md_path, "w") as f:
-    f.write(markdown(records, meta))
-  with open(os.path.join(opts.out, stem + ".json"), "w") as f:
-    json.dump({"meta": meta, "records": records}, f, indent=1, default=str)
-  png_path = os.path.join(opts.out, stem + ".png")
+  result = {"meta": meta, "cells": result_cells}
+  with open(stem + ".json", "w") as f:
+    json.dump(result, f, indent=1, default=str)
+  with open(stem + ".md", "w") as f:
+    f.write(markdown(result))
   try:
-    plot(records, png_path, backend)
+    plot(result, stem + ".png")
   except Exception as exc:  # plotting must never lose the numbers
     print(f"plot failed: {_short_error(exc)}", flush=True)
-  print(f"done in {meta['total_s']:.0f}s; wrote {md_path}, {stem}.json, {stem}.png "
-        f"in {opts.out}", flush=True)
-  return records
+  print(f"done in {meta['total_s']:.0f}s; loadavg={meta['loadavg_end']}; wrote "
+        f"{stem}.md, {stem}.json, {stem}.png", flush=True)
+  return flat
 
 
 if __name__ == "__main__":

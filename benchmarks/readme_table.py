@@ -1,0 +1,126 @@
+#!/usr/bin/env python
+"""The README's benchmark table, from the JSON written by ``bench_topk.py``.
+
+Prints a compact Markdown table (cell, hard fwd ms, and the soft fwd+bwd / hard fwd
+ratio of: the default solver at p = 4/3 and p = 2, the threshold solver and the PAV
+solver at p = 4/3), or, with ``--write FILE``, replaces the text between the lines
+``<!-- bench-matrix:start -->`` and ``<!-- bench-matrix:end -->`` in FILE by it. If
+FILE lacks the markers, says so and exits with status 1.
+
+Usage::
+
+    python benchmarks/readme_table.py                                  # print
+    python benchmarks/readme_table.py --write README.md                # update README
+    python benchmarks/readme_table.py benchmarks/results/cpu_matrix.json --write README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+START = "<!-- bench-matrix:start -->"
+END = "<!-- bench-matrix:end -->"
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                            "cpu_matrix.json")
+
+
+def _fmt_ms(s):
+  ms = s * 1e3
+  if ms >= 100:
+    return f"{ms:.0f}"
+  if ms >= 10:
+    return f"{ms:.1f}"
+  if ms >= 1:
+    return f"{ms:.2f}"
+  return f"{ms:.3f}"
+
+
+def _fmt_ratio(r):
+  return f"{r:.0f}x" if r >= 100 else (f"{r:.1f}x" if r >= 10 else f"{r:.2f}x")
+
+
+def _entry(rec, bold_above=None):
+  if rec is None:
+    return "—"
+  if "skipped" in rec:
+    return "skipped"
+  if "error" in rec:
+    return "error"
+  if "ratio" not in rec:
+    return "—"
+  text = _fmt_ratio(rec["ratio"])
+  if bold_above is not None and rec["ratio"] > bold_above:
+    text = f"**{text}**"
+  return text
+
+
+def table(result) -> str:
+  meta = result["meta"]
+  default = meta.get("default_solver", "auto")
+  columns = [(f"{default} p=4/3", f"soft {default} p=4/3", 2.0),
+             (f"{default} p=2", f"soft {default} p=2", 2.0),
+             ("threshold p=4/3", "soft threshold p=4/3", None),
+             ("pav p=4/3", "soft pav p=4/3", None)]
+  reps = meta.get("options", {}).get("repeats", "?")
+  lines = [
+      f"Soft top-k mask forward+backward (`jax.grad`) time divided by the hard mask's "
+      f"forward time (`lax.top_k` + scatter), both jitted; median of {reps} interleaved "
+      f"calls; float32 N(0, 1) scores; {meta.get('backend', '?')}, "
+      f"{meta.get('cpu_count', '?')} cores, jax {meta.get('jax', '?')}, "
+      f"{meta.get('date', '?')[:10]}, load average {(meta.get('loadavg_start') or ['?'])[0]} "
+      f"at start. **Bold**: the default solver (`{default}`) above 2x. Full table: "
+      "`benchmarks/results/cpu_matrix.md` (`python benchmarks/bench_topk.py`).",
+      "",
+      "| cell | l | hard fwd (ms) | " + " | ".join(c[0] for c in columns) + " |",
+      "|:---|---:|---:|" + "---:|" * len(columns),
+  ]
+  for cell in result["cells"]:
+    by = {r["contender"]: r for r in cell["records"]}
+    hard = by.get("hard fwd")
+    hard_text = _fmt_ms(hard["median_s"]) if hard and "median_s" in hard else _entry(hard)
+    row = [cell["name"], f"{cell['l']:g}", hard_text]
+    row += [_entry(by.get(key), bold) for _, key, bold in columns]
+    lines.append("| " + " | ".join(row) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str) -> str | None:
+  """``text`` with the lines between the markers replaced by ``block``; None if the
+  markers are missing or out of order."""
+  i = text.find(START)
+  j = text.find(END, i + len(START)) if i >= 0 else -1
+  if i < 0 or j < 0:
+    return None
+  return text[:i + len(START)] + "\n" + block.rstrip("\n") + "\n" + text[j:]
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("json", nargs="?", default=DEFAULT_JSON,
+                  help="bench_topk.py's JSON (default benchmarks/results/cpu_matrix.json)")
+  ap.add_argument("--write", metavar="FILE", default=None,
+                  help=f"replace the block between {START} and {END} in FILE")
+  opts = ap.parse_args(argv)
+  with open(opts.json) as f:
+    block = table(json.load(f))
+  if opts.write is None:
+    sys.stdout.write(block)
+    return 0
+  with open(opts.write) as f:
+    text = f.read()
+  new = replace_block(text, block)
+  if new is None:
+    print(f"{opts.write}: markers {START} ... {END} not found; nothing written",
+          file=sys.stderr)
+    return 1
+  with open(opts.write, "w") as f:
+    f.write(new)
+  print(f"updated the bench-matrix block of {opts.write} from {opts.json}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
