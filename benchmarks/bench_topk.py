@@ -25,7 +25,7 @@ turns the JSON into the README's table. See ``benchmarks/README.md``.
 
 Usage::
 
-    python benchmarks/bench_topk.py                        # full matrix (~15 min, 2-core CPU)
+    python benchmarks/bench_topk.py                        # full matrix (~10 min, 2-core CPU)
     python benchmarks/bench_topk.py --quick --out /tmp/q   # smoke test, < 30 s
     python benchmarks/bench_topk.py --cells router --solvers auto
 """
@@ -342,7 +342,7 @@ def plot(result, path_png):
     for r in c["records"]:
       if r["contender"] != HARD and r["contender"] not in names:
         names.append(r["contender"])
-  fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(cells) + 3), 5.5))
+  fig, ax = plt.subplots(figsize=(max(9, 0.55 * len(cells) + 5), 5.5))
   markers = "os^vD<>px*"
   xs = np.arange(len(cells))
   for i, name in enumerate(names):
@@ -362,7 +362,7 @@ def plot(result, path_png):
   ax.set_title(f"implicit_topk vs lax.top_k mask, {result['meta']['backend']} "
                f"({result['meta']['date'][:10]})")
   ax.grid(True, which="both", axis="y", alpha=0.3)
-  ax.legend(fontsize=7, loc="upper left", ncol=2)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
   fig.savefig(path_png, dpi=120)
   plt.close(fig)
