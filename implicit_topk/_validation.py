@@ -100,3 +100,34 @@ def check_choice(value, name: str, choices):
   if value not in choices:
     raise ValueError(f"`{name}` must be one of {sorted(choices)}; got {value!r}.")
   return value
+
+
+def check_maxiter(maxiter) -> int:
+  """Checks an iteration cap: an int >= 1."""
+  if not (isinstance(maxiter, numbers.Integral) and not isinstance(maxiter, bool) and maxiter >= 1):
+    raise ValueError(f"`maxiter` must be an int >= 1; got {maxiter!r}.")
+  return int(maxiter)
+
+
+def check_tol(tol) -> float:
+  """Checks a tolerance: a finite real >= 0."""
+  try:
+    value = float(tol)
+  except (TypeError, ValueError):
+    raise TypeError(f"`tol` must be a real number >= 0; got {tol!r}.") from None
+  if not (np.isfinite(value) and value >= 0):
+    raise ValueError(f"`tol` must be finite and >= 0; got {tol!r}.")
+  return value
+
+
+def check_broadcast(value, batch_shape, name: str):
+  """Checks that ``value`` broadcasts to ``batch_shape`` (the input without its axis)."""
+  shape = np.shape(value)
+  try:
+    result = np.broadcast_shapes(shape, tuple(batch_shape))
+  except ValueError:
+    result = None
+  if result != tuple(batch_shape):
+    raise ValueError(
+        f"`{name}` must be a scalar or broadcast to the batch shape {tuple(batch_shape)} "
+        f"(the input's shape without the reduced axis); got shape {shape}.")

@@ -2,9 +2,8 @@ r"""The public soft top-k operators (functional API over the solver objects)."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
-from implicit_topk import _validation
+from implicit_topk import _apply
+from implicit_topk import problems
 from implicit_topk import regularizers
 from implicit_topk import solvers
 
@@ -86,20 +85,8 @@ def soft_topk_mask(
     >>> soft_topk_mask(jnp.array([-5., -2., 3., 1.]), k=2, l=1e-2)
     Array([0., 0., 1., 1.], dtype=float32)
   """
-  x = _validation.as_float_input(x)
-  axis = _validation.canonicalize_axis(axis, x.ndim)
-  n = x.shape[axis]
-  _validation.check_k(k, n)
-  _validation.check_positive(l, "l")
-  regularizer = regularizers.resolve(regularizer, p)
+  problem = problems.CappedSimplex(regularizers.resolve(regularizer, p))
   solver_obj = solvers.make_solver(
-      solver, regularizer, implicit_diff_backend=implicit_diff_backend, diff=diff,
+      solver, problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
       tol=tol, maxiter=maxiter)
-
-  dtype = _validation.compute_dtype(x.dtype)
-  moved = jnp.moveaxis(x, axis, -1).astype(dtype)
-  k, l = jnp.asarray(k, dtype), jnp.asarray(l, dtype)
-  step = solver_obj.run(None, moved, k, l)
-  y = solver_obj.primal(step.params, moved, l)
-  y = jnp.moveaxis(y, -1, axis).astype(x.dtype)
-  return (y, step.state) if return_info else y
+  return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info)

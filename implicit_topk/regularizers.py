@@ -32,14 +32,15 @@ A regularizer is one small object with (the :class:`Regularizer` protocol):
 * ``omega(y)``: the regularizer itself (objective values, Fenchel-Young losses);
 * ``link(z)`` (optional): the unclipped :math:`g` on the whole real line, for
   permutahedra of a general ``w`` (soft sort and rank, :mod:`implicit_topk.permutahedron`);
-* ``pav_link`` (optional): the link :math:`z \mapsto (g(z), g'(z))` on the whole
-  real line as a numba-compiled function, for the exact ``"pav"`` solver
-  (:mod:`implicit_topk.solvers.pav_kernels` solves each PAV block with it). Built-in
-  regularizers name a built-in link instead (``pav_kind``).
+* ``pav_kind`` (optional): which block solver of the exact ``"pav"`` solver
+  (:mod:`implicit_topk.solvers.pav_kernels`) fits: ``("pnorm", p)`` or
+  ``("link", name)`` with ``name`` in ``"exp"``, ``"sigmoid"``, ``"laplace"``. The
+  built-ins declare it; a user-defined regularizer without it is solved by
+  ``solver="threshold"`` (pure JAX), and ``solver="pav"`` says so.
 
 Solvers never look inside a regularizer beyond this interface, so a user-defined
-regularizer (a dataclass with these members) works with ``solver="threshold"`` (and
-with ``"pav"`` if it has ``pav_link``) without touching any solver.
+regularizer (a dataclass with these members) works with ``solver="threshold"``
+without touching any solver; a missing member raises a ``TypeError`` that names it.
 
 Built-ins: :class:`PNorm` (sparse; ``p = 2`` Euclidean, ``p = 4/3`` smooth),
 :class:`Entropy` (``min(1, exp)``: softmax at ``k = 1``), :class:`BinaryEntropy`
@@ -69,6 +70,38 @@ class Regularizer(Protocol):
   def omega_prime(self, t): ...
 
   def omega(self, y): ...
+
+
+def check_protocol(regularizer) -> None:
+  """Raises ``TypeError`` naming what ``regularizer`` lacks for the threshold solvers."""
+  missing = [name for name in ("mask", "saturation") if not hasattr(regularizer, name)]
+  if missing:
+    raise TypeError(f"`regularizer` must provide {missing} (see implicit_topk.regularizers); "
+                    f"got {regularizer!r}.")
+  z0, z1 = regularizer.saturation
+  if not (z0 < z1):
+    raise ValueError(f"`regularizer.saturation` must be an interval z0 < z1; got {(z0, z1)}.")
+  if not (np.isfinite(z0) and np.isfinite(z1)) and not hasattr(regularizer, "omega_prime"):
+    raise TypeError("`regularizer` has an infinite saturation interval, so it must provide "
+                    f"`omega_prime(t)` to bracket the threshold; got {regularizer!r}.")
+
+
+def pav_kernel_spec(regularizer):
+  """What the numba PAV kernels take: the p of a p-norm (float) or a link name (str)."""
+  kind = getattr(regularizer, "pav_kind", None)
+  if kind is None or kind[0] not in ("pnorm", "link"):
+    raise ValueError(
+        f"solver='pav' has block solvers for regularizers declaring `pav_kind` only; got "
+        f"{regularizer!r}. Use solver='threshold' (pure JAX), which accepts any regularizer.")
+  return float(kind[1]) if kind[0] == "pnorm" else str(kind[1])
+
+
+def pnorm_exponent(regularizer):
+  """a = 1 / (p - 1) for a p-norm regularizer (an int when it is one), else None."""
+  kind = getattr(regularizer, "pav_kind", None)
+  if kind is None or kind[0] != "pnorm":
+    return None
+  return PNorm(kind[1]).exponent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,15 +275,5 @@ def resolve(regularizer, p) -> Any:
       raise ValueError(f"`regularizer` must be one of {sorted(BUILTINS)} or an object; "
                        f"got {regularizer!r}.")
     return PNorm(p) if regularizer == "pnorm" else BUILTINS[regularizer]()
-  if not (hasattr(regularizer, "mask") and hasattr(regularizer, "saturation")):
-    raise TypeError(
-        "`regularizer` must provide `mask(z)` and `saturation` (see "
-        f"implicit_topk.regularizers); got {regularizer!r}."
-    )
-  z0, z1 = regularizer.saturation
-  if not (z0 < z1):
-    raise ValueError(f"`regularizer.saturation` must be an interval z0 < z1; got {(z0, z1)}.")
-  if not (np.isfinite(z0) and np.isfinite(z1)) and not hasattr(regularizer, "omega_prime"):
-    raise TypeError("`regularizer` has an infinite saturation interval, so it must provide "
-                    f"`omega_prime(t)` to bracket the threshold; got {regularizer!r}.")
+  check_protocol(regularizer)
   return regularizer

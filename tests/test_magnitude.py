@@ -24,7 +24,7 @@ from scipy import optimize
 
 import implicit_topk as itk
 from implicit_topk import compat
-from implicit_topk import magnitude
+from implicit_topk import magnitude, problems
 
 jax.config.update("jax_enable_x64", True)
 
@@ -48,7 +48,7 @@ def mag(x, k, l, *, p, solver, **options):
 
 @functools.lru_cache(maxsize=None)
 def _lam_fn(p):
-  obj = magnitude.MagnitudePAVSolver(regularizer=itk.PNorm(p))
+  obj = itk.PAVSolver(problem=problems.Magnitude(p))
   return jax.jit(lambda x, k, l: obj.run(None, x, k, l).params)
 
 

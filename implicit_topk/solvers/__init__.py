@@ -1,11 +1,13 @@
-"""Solvers for the capped-simplex top-k problem and the rule that picks one."""
+"""Solvers for the row-wise threshold problems and the rule that picks one."""
 
 from __future__ import annotations
 
 import jax
 
 from implicit_topk import _validation
-from implicit_topk.solvers.base import CappedSimplexSolver, OptStep, RootState
+from implicit_topk import regularizers
+from implicit_topk.solvers.base import (CappedSimplexSolver, OptStep, RootState,
+                                        ThresholdRootSolver)
 from implicit_topk.solvers.dykstra import DykstraSolver
 from implicit_topk.solvers.pav import PAVSolver
 from implicit_topk.solvers.threshold import ThresholdSolver
@@ -16,39 +18,38 @@ DIFF_MODES = ("implicit", "unrolled")
 _ITERATIVE_OPTIONS = {"threshold": ("maxiter",), "dykstra": ("tol", "maxiter")}
 
 
-def auto_solver_name(regularizer) -> str:
-  """The fastest exact solver for the default backend (see benchmarks/README.md).
+def auto_solver_name(problem, *, backend: str | None = None) -> str:
+  """The fastest exact solver for the problem on ``backend`` (default: JAX's default).
 
-  On CPU the numba PAV kernel wins for p = 2 and p = 4/3 (one numpy sort per row,
-  then O(n)); for other p, and on GPU/TPU, the sort-free Newton threshold solver.
+  The rule comes from the benchmark matrix (``benchmarks/results/cpu_matrix.md``): on
+  CPU the numba PAV kernel for the p-norms with closed-form blocks (p = 2, p = 4/3),
+  the sort-free Newton threshold solver otherwise; on GPU/TPU always the threshold
+  solver (pure JAX, no host round trip).
   """
-  if jax.default_backend() != "cpu":
+  backend = jax.default_backend() if backend is None else backend
+  if backend != "cpu":
     return "threshold"
-  exponent = getattr(regularizer, "exponent", None)
+  exponent = regularizers.pnorm_exponent(getattr(problem, "regularizer", None))
   return "pav" if exponent in (1, 3) else "threshold"
 
 
-def make_solver(
-    name: str,
-    regularizer,
-    *,
-    implicit_diff_backend: str = "lax",
-    diff: str = "implicit",
-    tol: float | None = None,
-    maxiter: int | None = None,
-) -> CappedSimplexSolver:
-  """Builds the solver object ``name`` ("auto", "pav", "threshold" or "dykstra").
+def resolve_solver_name(name: str, problem, *, diff: str = "implicit", tol=None,
+                        maxiter=None) -> str:
+  """Checks the options against ``name`` *before* ``"auto"`` is resolved.
 
-  ``diff="unrolled"`` differentiates through the iterations of "threshold" or
-  "dykstra" (``maxiter`` of them); ``tol`` is Dykstra's stopping tolerance and
-  ``maxiter`` the iteration cap of the iterative solvers. ``None`` keeps the solver's
-  default. Options a solver does not have raise ``ValueError``.
+  So a call is accepted or refused the same way on every backend: ``tol`` belongs to
+  ``"dykstra"`` alone (never chosen by ``"auto"``), and ``maxiter`` or
+  ``diff="unrolled"`` with ``"auto"`` pick ``"threshold"`` everywhere.
   """
   _validation.check_choice(name, "solver", ("auto", *SOLVERS))
   _validation.check_choice(diff, "diff", DIFF_MODES)
-  if name == "auto":
-    name = auto_solver_name(regularizer)
   options = {"tol": tol, "maxiter": maxiter}
+  if name == "auto":
+    if tol is not None:
+      raise ValueError("`tol` applies to solver='dykstra' only; solver='auto' never picks it.")
+    if maxiter is not None or diff == "unrolled":
+      return "threshold"
+    return auto_solver_name(problem)
   allowed = _ITERATIVE_OPTIONS.get(name, ())
   for option, value in options.items():
     if value is not None and option not in allowed:
@@ -57,12 +58,34 @@ def make_solver(
   if diff == "unrolled" and name not in _ITERATIVE_OPTIONS:
     raise ValueError(f"diff='unrolled' needs an iterative solver ({sorted(_ITERATIVE_OPTIONS)}); "
                      f"got solver={name!r}.")
-  kwargs = {key: value for key, value in options.items() if value is not None}
-  return SOLVERS[name](regularizer=regularizer, implicit_diff=diff == "implicit",
+  return name
+
+
+def make_solver(
+    name: str,
+    problem,
+    *,
+    implicit_diff_backend: str = "lax",
+    diff: str = "implicit",
+    tol: float | None = None,
+    maxiter: int | None = None,
+) -> ThresholdRootSolver:
+  """Builds the solver ``name`` ("auto", "pav", "threshold" or "dykstra") for ``problem``.
+
+  ``diff="unrolled"`` differentiates through the iterations of "threshold" or
+  "dykstra" (``maxiter`` of them); ``tol`` is Dykstra's stopping tolerance and
+  ``maxiter`` the iteration cap of the iterative solvers. ``None`` keeps the solver's
+  default. Options a solver does not have raise ``ValueError``, on every backend.
+  """
+  name = resolve_solver_name(name, problem, diff=diff, tol=tol, maxiter=maxiter)
+  kwargs = {key: value for key, value in {"tol": tol, "maxiter": maxiter}.items()
+            if value is not None}
+  return SOLVERS[name](problem=problem, implicit_diff=diff == "implicit",
                        implicit_diff_backend=implicit_diff_backend, **kwargs)
 
 
 __all__ = [
-    "CappedSimplexSolver", "OptStep", "RootState", "PAVSolver", "ThresholdSolver",
-    "DykstraSolver", "SOLVERS", "DIFF_MODES", "auto_solver_name", "make_solver",
+    "ThresholdRootSolver", "CappedSimplexSolver", "OptStep", "RootState", "PAVSolver",
+    "ThresholdSolver", "DykstraSolver", "SOLVERS", "DIFF_MODES", "auto_solver_name",
+    "resolve_solver_name", "make_solver",
 ]

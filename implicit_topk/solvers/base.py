@@ -1,18 +1,13 @@
-r"""Solver objects for the capped-simplex top-k problem, in the style of jaxopt.
+r"""Solver objects for the row-wise threshold problems, in the style of jaxopt.
 
-Every solver finds the threshold :math:`\lambda` (one per row) of
-
-.. math::
-
-    y^\star = \arg\max_{y \in [0,1]^n,\ \sum y = k} \langle x, y\rangle - l\,\Omega(y),
-    \qquad y_i = \mathrm{mask}((x_i - \lambda) / l),
-
-as the root of the optimality condition
-:math:`\phi(\lambda; x, k, l) = \sum_i y_i - k` along the last axis. ``run`` returns
+Every solver finds the threshold :math:`\lambda` (one per row) of a problem from
+:mod:`implicit_topk.problems` (the top-k mask by default) as the root of its optimality
+function :math:`\phi(\lambda; x, k, l)` along the last axis. ``run`` returns
 ``OptStep(params=lam, state)`` like a jaxopt solver; ``primal`` maps ``lam`` to the
-mask; ``mask`` does both. With ``implicit_diff=True`` the derivatives of ``lam``
-w.r.t. ``x``, ``k`` and ``l`` come from the implicit function theorem on
-``optimality_fun`` (see :mod:`implicit_topk._implicit`).
+operator's output; ``apply`` (alias ``mask``) does both. With ``implicit_diff=True``
+the derivatives of ``lam`` w.r.t. ``x``, ``k`` and ``l`` come from the implicit function
+theorem on ``optimality_fun`` (see :mod:`implicit_topk._implicit`); subclasses only
+say how to find the root.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ import jax.numpy as jnp
 
 from implicit_topk import _implicit
 from implicit_topk import _validation
-from implicit_topk.regularizers import PNorm
 
 
 class OptStep(NamedTuple):
@@ -40,49 +34,58 @@ class RootState(NamedTuple):
 
   Attributes:
     iter_num: passes over the data the solver made (0 for direct solvers).
-    residual: :math:`|\\phi(\\lambda)| = |\\sum_i y_i - k|` at the returned threshold.
+    residual: :math:`|\\phi(\\lambda)|` at the returned threshold (for the mask,
+      :math:`|\\sum_i y_i - k|`).
   """
 
   iter_num: jax.Array
   residual: jax.Array
 
 
-def _per_row(value, x):
-  """Broadcasts a per-row quantity to ``x.shape[:-1] + (1,)``."""
-  return jnp.broadcast_to(jnp.asarray(value, x.dtype), x.shape[:-1])[..., None]
-
-
 @dataclasses.dataclass(frozen=True)
-class CappedSimplexSolver:
+class ThresholdRootSolver:
   """Base class: subclasses implement ``_solve(init, x, k, l) -> (lam, iter_num)``.
 
   Attributes:
-    regularizer: the separable regularizer (default ``PNorm(4/3)``).
+    regularizer: the separable regularizer of the top-k mask (default ``PNorm(4/3)``);
+      shorthand for ``problem=CappedSimplex(regularizer)``.
+    problem: the threshold problem (:mod:`implicit_topk.problems`); give this or
+      ``regularizer``, not both.
     implicit_diff: differentiate by the implicit function theorem (default). When
       False, subclasses that support it differentiate through their iterations.
     implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``
       (reverse mode only), see :mod:`implicit_topk._implicit`.
   """
 
-  regularizer: Any = dataclasses.field(default_factory=PNorm)
+  regularizer: Any = None
+  problem: Any = None
   implicit_diff: bool = True
   implicit_diff_backend: str = "lax"
 
+  name = "base"
+
   def __post_init__(self):
+    from implicit_topk import problems, regularizers
     _validation.check_choice(self.implicit_diff_backend, "implicit_diff_backend", _implicit.BACKENDS)
+    if self.problem is None:
+      regularizer = regularizers.PNorm() if self.regularizer is None else self.regularizer
+      object.__setattr__(self, "problem", problems.CappedSimplex(regularizer))
+    elif self.regularizer is not None:
+      raise ValueError("Give `problem` or `regularizer`, not both.")
+    object.__setattr__(self, "regularizer", getattr(self.problem, "regularizer", None))
+    self.problem.supports(self.name)
 
   # -- the problem ------------------------------------------------------------
   def primal(self, lam, x, l):
-    """The mask y_i = mask((x_i - lam) / l) along the last axis of ``x``.
-
-    NaN propagates (a row without a threshold has ``lam = nan`` and gives NaN).
-    """
-    z = (x - _per_row(lam, x)) / _per_row(l, x)
-    return jnp.where(jnp.isnan(z), z, self.regularizer.mask(z))
+    """The operator's output for thresholds ``lam`` (one per row of ``x``)."""
+    return self.problem.primal(lam, x, l)
 
   def optimality_fun(self, lam, x, k, l):
-    """phi(lam) = sum_i y_i(lam) - k, one entry per row; zero at the solution."""
-    return jnp.sum(self.primal(lam, x, l), axis=-1) - k
+    """phi(lam; x, k, l), one entry per row; zero at the solution."""
+    x = jnp.asarray(x)
+    k = jnp.broadcast_to(jnp.asarray(k, x.dtype), x.shape[:-1])
+    l = jnp.broadcast_to(jnp.asarray(l, x.dtype), x.shape[:-1])
+    return self.problem.optimality(lam, x, k, l)
 
   # -- solving ----------------------------------------------------------------
   def _solve(self, init, x, k, l):
@@ -91,8 +94,7 @@ class CappedSimplexSolver:
   def _solve_unrolled(self, init, x, k, l):
     raise ValueError(
         f"{type(self).__name__} cannot be differentiated through its iterations; "
-        "use implicit_diff=True."
-    )
+        "use implicit_diff=True.")
 
   def run(self, init_params, x, k, l) -> OptStep:
     """Solves for the thresholds.
@@ -121,14 +123,21 @@ class CappedSimplexSolver:
 
     if self.implicit_diff:
       lam, iter_num = _implicit.implicit_root(
-          solver_fun, self.optimality_fun, init, (x, k, l), backend=self.implicit_diff_backend)
+          solver_fun, self.problem.optimality, init, (x, k, l),
+          backend=self.implicit_diff_backend)
     else:
       lam, iter_num = self._solve_unrolled(init if warm else None, x, k, l)
     iter_num = jnp.asarray(jax.lax.stop_gradient(iter_num), jnp.int32)
-    residual = jnp.abs(self.optimality_fun(jax.lax.stop_gradient(lam), *jax.lax.stop_gradient((x, k, l))))
+    residual = jnp.abs(self.problem.optimality(
+        jax.lax.stop_gradient(lam), *jax.lax.stop_gradient((x, k, l))))
     return OptStep(params=lam, state=RootState(iter_num=iter_num, residual=residual))
 
-  def mask(self, x, k, l, init_params=None):
-    """The soft top-k mask along the last axis: ``primal(run(...).params, x, l)``."""
+  def apply(self, x, k, l, init_params=None):
+    """The operator along the last axis: ``primal(run(...).params, x, l)``."""
     x = jnp.asarray(x)
     return self.primal(self.run(init_params, x, k, l).params, x, l)
+
+  mask = apply  # the top-k mask, for the default problem
+
+
+CappedSimplexSolver = ThresholdRootSolver  # the name of the first release

@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk.solvers.base import CappedSimplexSolver
-from implicit_topk.solvers.threshold import bracket
+from implicit_topk import _validation
+from implicit_topk.solvers.base import ThresholdRootSolver
 
 
 class DykstraResult(NamedTuple):
@@ -196,54 +196,17 @@ def isotonic_dykstra_unrolled(u, weights=None, *, num_sweeps: int) -> jax.Array:
   return v[..., :n]
 
 
-# -- the capped-simplex top-k (p = 2) on top of it ----------------------------------
-
-
-def _finite_surrogate(x, l):
-  """Replaces +-inf by finite values with the same mask, and NaN by 0 (NaN rows are
-  answered by :func:`bracket`): ``+inf -> max_finite + 2 l`` is 1 and
-  ``-inf -> min_finite - 2 l`` is 0 whenever the row has a threshold."""
-  finite = jnp.isfinite(x)
-  any_finite = jnp.any(finite, axis=-1, keepdims=True)
-  hi = jnp.where(any_finite, jnp.max(jnp.where(finite, x, -jnp.inf), -1, keepdims=True), 0)
-  lo = jnp.where(any_finite, jnp.min(jnp.where(finite, x, jnp.inf), -1, keepdims=True), 0)
-  l = l[..., None]
-  x = jnp.where(x == jnp.inf, hi + 2 * l, x)
-  x = jnp.where(x == -jnp.inf, lo - 2 * l, x)
-  return jnp.where(jnp.isnan(x), 0, x)
-
-
-def _dual_target(x, k, l):
-  """u = s / l - w with s = sort(x) descending, w_i = clip(k - i, 0, 1) (0-based i)."""
-  s = -jnp.sort(-x, axis=-1)
-  n = x.shape[-1]
-  w = jnp.clip(k[..., None] - jnp.arange(n, dtype=x.dtype), 0, 1)
-  return s / l[..., None] - w
-
-
-def _threshold_from_dual(v, k, l):
-  """lam = l * (v[ceil(k) - 1] + v[floor(k)]) / 2 (0-based).
-
-  For fractional k both indices are ceil(k) - 1, a fractional entry, whose dual value
-  is lam / l. For integer k they are the k-th and (k+1)-th largest: both fractional
-  (same value lam / l), or the solution is binary and their values s_k/l - 1 and
-  s_(k+1)/l are the ends of the flat root interval, whose midpoint we return.
-  """
-  n = v.shape[-1]
-  upper = jnp.clip(jnp.ceil(k).astype(jnp.int32) - 1, 0, n - 1)
-  lower = jnp.clip(jnp.floor(k).astype(jnp.int32), 0, n - 1)
-  pick = lambda i: jnp.take_along_axis(v, i[..., None], axis=-1)[..., 0]
-  return 0.5 * l * (pick(upper) + pick(lower))
+# -- the solver: each problem reads its threshold off its own isotonic dual --------
 
 
 @dataclasses.dataclass(frozen=True)
-class DykstraSolver(CappedSimplexSolver):
-  """Capped-simplex top-k with ``p = 2`` by Dykstra's algorithm (pure JAX, approximate).
+class DykstraSolver(ThresholdRootSolver):
+  r"""``p = 2`` problems by Dykstra's algorithm on their isotonic dual (pure JAX).
 
-  One sort per row, then sweeps of O(n) parallel work. After each sweep the threshold
-  read off the dual gives :math:`y(\\lambda)`; a row stops once
-  :math:`|\\sum_i y_i(\\lambda) - k| \\le` ``tol``, which certifies
-  :math:`\\|y - y^\\star\\|_1 \\le` ``tol`` (``proofs/dykstra_stopping.md``), or after
+  One sort per row, then sweeps of O(n) parallel work (the problem's
+  ``dykstra_threshold``). For the mask, a row stops once
+  :math:`|\sum_i y_i(\lambda) - k| \le` ``tol``, which certifies
+  :math:`\|y - y^\star\|_1 \le` ``tol`` (``proofs/dykstra_stopping.md``), or after
   ``maxiter`` sweeps. (A tolerance on the change between sweeps, the usual rule,
   certifies nothing: at n = 1e3 a change of 1e-6 per sweep still left an error of
   2e-2.) ``run`` reports the sweeps made (``state.iter_num``) and the residual
@@ -251,42 +214,25 @@ class DykstraSolver(CappedSimplexSolver):
   sweeps and is differentiated through them (unrolled).
 
   Attributes:
-    tol: bound on the L1 error of the mask, via the residual (0: run ``maxiter``).
+    tol: the stopping tolerance (0: run ``maxiter``).
     maxiter: maximum number of sweeps.
   """
 
   tol: float = 1e-6
   maxiter: int = 10000
+  name = "dykstra"
 
   def __post_init__(self):
     super().__post_init__()
-    if getattr(self.regularizer, "exponent", None) != 1:
-      raise ValueError(
-          "solver='dykstra' supports the Euclidean regularizer only (p=2); got "
-          f"{self.regularizer!r}. Use solver='pav' or 'threshold' for other p.")
-    if not (isinstance(self.maxiter, int) and self.maxiter >= 1):
-      raise ValueError(f"`maxiter` must be an int >= 1; got {self.maxiter!r}.")
-    if not (np.isfinite(self.tol) and self.tol >= 0):
-      raise ValueError(f"`tol` must be finite and >= 0; got {self.tol!r}.")
-
-  def _finish(self, lam, x, k, l):
-    _, _, known, known_value = bracket(self.regularizer, x, k, l)
-    return jnp.where(known, known_value, lam)
+    _validation.check_maxiter(self.maxiter)
+    _validation.check_tol(self.tol)
 
   def _solve(self, init, x, k, l):
     del init  # Dykstra starts from the dual target itself.
-    x_finite = _finite_surrogate(x, l)
-    u = _dual_target(x_finite, k, l)
-    # Stop on the optimality residual |sum_i y_i(lam) - k| at the current threshold:
-    # phi is monotone, so every |y_i(lam) - y_i*| has the same sign and the residual
-    # IS the L1 distance ||y(lam) - y*||_1 (proofs/dykstra_stopping.md).
-    residual = lambda v: jnp.abs(self.optimality_fun(_threshold_from_dual(v, k, l), x_finite, k, l))
-    result = isotonic_dykstra(u, tol=self.tol, max_iter=self.maxiter, residual_fun=residual)
-    return self._finish(_threshold_from_dual(result.v, k, l), x, k, l), result.iter_num
+    return self.problem.dykstra_threshold(x, k, l, tol=self.tol, maxiter=self.maxiter,
+                                          unrolled=False)
 
   def _solve_unrolled(self, init, x, k, l):
     del init
-    u = _dual_target(_finite_surrogate(x, l), k, l)
-    v = isotonic_dykstra_unrolled(u, num_sweeps=self.maxiter)
-    iter_num = jnp.full(x.shape[:-1], self.maxiter, jnp.int32)
-    return self._finish(_threshold_from_dual(v, k, l), x, k, l), iter_num
+    return self.problem.dykstra_threshold(x, k, l, tol=self.tol, maxiter=self.maxiter,
+                                          unrolled=True)

@@ -1,0 +1,203 @@
+r"""The top-k mask: a regularized linear program over the capped simplex.
+
+.. math::
+
+    y^\star = \arg\max_{y \in [0,1]^n,\ \sum_i y_i = k}\ \langle x, y\rangle - l\,\Omega(y),
+    \qquad y_i = \mathrm{mask}\big((x_i - \lambda) / l\big),
+
+for a separable regularizer with saturation interval :math:`[z_0, z_1]` (the mask is 0
+below :math:`z_0` and 1 above :math:`z_1`), and :math:`\lambda` the root of
+
+.. math::
+
+    \phi(\lambda) = \sum_i \mathrm{mask}\big((x_i - \lambda) / l\big) - k,
+
+which is continuous and nonincreasing (``proofs/threshold_form.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from implicit_topk import regularizers as _regularizers
+from implicit_topk.problems.base import Bracket, finite_moments, per_row, upper_quantile_of_normal
+
+
+@dataclasses.dataclass(frozen=True)
+class CappedSimplex:
+  """The soft top-k mask for ``regularizer`` (a :class:`implicit_topk.Regularizer`)."""
+
+  regularizer: Any = dataclasses.field(default_factory=_regularizers.PNorm)
+  geometric = False
+
+  def __post_init__(self):
+    _regularizers.check_protocol(self.regularizer)
+
+  # -- the problem ----------------------------------------------------------------
+  def primal(self, lam, x, l):
+    """The mask y_i = mask((x_i - lam) / l); NaN propagates (a row without a threshold)."""
+    z = (x - per_row(lam, x)) / per_row(l, x)
+    return jnp.where(jnp.isnan(z), z, self.regularizer.mask(z))
+
+  def optimality(self, lam, x, k, l):
+    """phi(lam) = sum_i y_i(lam) - k, one entry per row."""
+    return jnp.sum(self.primal(lam, x, l), axis=-1) - k
+
+  def step_scale(self, lam, l):
+    return jnp.abs(lam) + l
+
+  def residual_scale(self, lam, k):
+    return k + 1
+
+  def bracket(self, x, k, l) -> Bracket:
+    """Bracket [lo, hi] of the root, and rows whose answer is known without iterating.
+
+    With ``n_f`` finite entries sharing ``k_f = k - #(+inf)``, a finite saturation end
+    gives the bracket end ``min x - l z1`` / ``max x - l z0``; an infinite one uses
+    ``omega'``: at ``min x - l omega'(k_f/n_f)`` every finite y is >= k_f/n_f, at
+    ``max x - l omega'(k_f/n_f)`` every finite y is <= k_f/n_f. Rows where the finite
+    entries must all be 0 (or all 1) are known: the saturation end where it is finite,
+    NaN (no finite threshold) where it is not.
+    """
+    z0, z1 = self.regularizer.saturation
+    finite = jnp.isfinite(x)
+    any_finite = jnp.any(finite, axis=-1)
+    x_max = jnp.where(any_finite, jnp.max(jnp.where(finite, x, -jnp.inf), axis=-1), 0)
+    x_min = jnp.where(any_finite, jnp.min(jnp.where(finite, x, jnp.inf), axis=-1), 0)
+    n_pos_inf = jnp.sum(x == jnp.inf, axis=-1).astype(x.dtype)
+    n_not_neg_inf = jnp.sum(x > -jnp.inf, axis=-1).astype(x.dtype)
+    if np.isfinite(z0) and np.isfinite(z1):
+      lo, hi = x_min - l * z1, x_max - l * z0
+    else:
+      share = (k - n_pos_inf) / jnp.maximum(n_not_neg_inf - n_pos_inf, 1)
+      level = jnp.where((k > n_pos_inf) & (k < n_not_neg_inf), share, 0.5)
+      shift = l * jnp.asarray(self.regularizer.omega_prime(level), x.dtype)
+      lo = x_min - l * z1 if np.isfinite(z1) else x_min - shift
+      hi = x_max - l * z0 if np.isfinite(z0) else x_max - shift
+    has_nan = jnp.any(jnp.isnan(x), axis=-1)
+    at_hi = k == n_pos_inf  # all finite coordinates at 0
+    at_lo = k == n_not_neg_inf  # all finite coordinates at 1
+    infeasible = (has_nan | (n_pos_inf > k) | (n_not_neg_inf < k)
+                  | (at_hi & (not np.isfinite(z0))) | (at_lo & (not np.isfinite(z1))))
+    known = infeasible | at_hi | at_lo
+    value = jnp.where(infeasible, jnp.nan, jnp.where(at_hi, hi, lo))
+    return Bracket(lo, hi, known, value)
+
+  def initial_guess(self, x, k, l, bracket: Bracket):
+    r"""The k-th largest entry as a normal sample would put it, moved into the bracket.
+
+    :math:`\mu + \sigma\,\Phi^{-1}(1 - k/n)` from the row's finite mean and standard
+    deviation, shifted by the middle of the saturation interval (capped at 1 in
+    magnitude): two reductions, no sort. The Newton iteration corrects it; a good
+    guess only saves passes.
+    """
+    finite = jnp.isfinite(x)
+    mean, std = finite_moments(x, finite)
+    n_finite = jnp.maximum(jnp.sum(finite, axis=-1), 1).astype(x.dtype)
+    n_pos_inf = jnp.sum(x == jnp.inf, axis=-1).astype(x.dtype)
+    quantile = mean + std * upper_quantile_of_normal((k - n_pos_inf) / n_finite, x.dtype)
+    z0, z1 = self.regularizer.saturation
+    guess = quantile - 0.5 * l * (min(z1, 1.0) + max(z0, -1.0))
+    middle = 0.5 * (bracket.lo + bracket.hi)
+    return jnp.clip(jnp.where(jnp.isfinite(guess), guess, middle), bracket.lo, bracket.hi)
+
+  def snap(self, lam, x, k, l, known):
+    r"""Moves ``lam`` to the middle of the flat root interval when the solution is binary.
+
+    With integer ``k`` and a gap wider than the saturation interval between the k-th
+    and (k+1)-th largest entries, :math:`\phi` is zero on a whole interval
+    :math:`[A, B]`, :math:`A = \max_{i \notin S} x_i - l z_0`,
+    :math:`B = \min_{i \in S} x_i - l z_1` (``S`` the top-k set), and the solution is
+    the exact 0/1 mask. An iteration that stops where ``phi`` rounds to 0 can land a
+    few ulps outside ``[A, B]``, leaving values like 1e-47 for an exact 0. One extra
+    pass certifies the binary solution (``|S| = k`` and ``A <= B``, which by uniqueness
+    of the solution means it *is* the solution) and returns ``(A + B) / 2``; other
+    rows keep ``lam``. Regularizers with an infinite saturation interval never give
+    binary solutions and are returned unchanged.
+    """
+    z0, z1 = self.regularizer.saturation
+    if not (np.isfinite(z0) and np.isfinite(z1)):
+      return lam
+    top = x - lam[..., None] > 0.5 * (z0 + z1) * l[..., None]
+    count = jnp.sum(top, axis=-1).astype(x.dtype)
+    a = jnp.max(jnp.where(top, -jnp.inf, x), axis=-1) - l * z0
+    b = jnp.min(jnp.where(top, x, jnp.inf), axis=-1) - l * z1
+    binary = (count == k) & (a <= b) & jnp.isfinite(a) & jnp.isfinite(b) & ~known
+    return jnp.where(binary, 0.5 * (a + b), lam)
+
+  # -- solver-specific pieces ------------------------------------------------------
+  def supports(self, solver_name: str) -> None:
+    if solver_name == "pav":
+      _regularizers.pav_kernel_spec(self.regularizer)
+    if solver_name == "dykstra" and _regularizers.pnorm_exponent(self.regularizer) != 1:
+      raise ValueError(
+          "solver='dykstra' supports the Euclidean regularizer only (p=2); got "
+          f"{self.regularizer!r}. Use solver='pav' or 'threshold' for other p.")
+
+  def host_threshold(self, kernels, x, k, l):
+    """Exact thresholds by the numba PAV kernel (NumPy in, NumPy out)."""
+    spec = _regularizers.pav_kernel_spec(self.regularizer)
+    batch_shape, n = x.shape[:-1], x.shape[-1]
+    k = np.broadcast_to(np.asarray(k, np.float64), batch_shape).reshape(-1)
+    l = np.broadcast_to(np.asarray(l, np.float64), batch_shape).reshape(-1)
+    lam = kernels.capped_simplex_threshold(
+        x.reshape(-1, n), np.ascontiguousarray(k), np.ascontiguousarray(l), spec)
+    return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
+
+  def dykstra_threshold(self, x, k, l, *, tol, maxiter, unrolled):
+    r"""``p = 2`` by Dykstra's algorithm on the isotonic dual (``proofs/isotonic_dual.md``).
+
+    With :math:`s` = ``x`` sorted descending and :math:`w_i = \mathrm{clip}(k - i, 0, 1)`
+    (0-based), :math:`\lambda / l` is the isotonic regression of :math:`s / l - w` at
+    the block straddling ``k``. A row stops once :math:`|\phi(\lambda)| \le` ``tol``,
+    which is exactly :math:`\|y - y^\star\|_1` (every :math:`y_i(\lambda) - y^\star_i`
+    has one sign; ``proofs/dykstra_stopping.md``).
+    """
+    from implicit_topk.solvers import dykstra
+    x_finite = _finite_surrogate(x, l)
+    s = -jnp.sort(-x_finite, axis=-1)
+    n = x.shape[-1]
+    u = s / l[..., None] - jnp.clip(k[..., None] - jnp.arange(n, dtype=x.dtype), 0, 1)
+    if unrolled:
+      v = dykstra.isotonic_dykstra_unrolled(u, num_sweeps=maxiter)
+      sweeps = jnp.full(x.shape[:-1], maxiter, jnp.int32)
+    else:
+      residual = lambda v: jnp.abs(self.optimality(_threshold_from_dual(v, k, l), x_finite, k, l))
+      result = dykstra.isotonic_dykstra(u, tol=tol, max_iter=maxiter, residual_fun=residual)
+      v, sweeps = result.v, result.iter_num
+    bracket = self.bracket(x, k, l)
+    return jnp.where(bracket.known, bracket.value, _threshold_from_dual(v, k, l)), sweeps
+
+
+def _finite_surrogate(x, l):
+  """Replaces +-inf by finite values with the same mask, and NaN by 0 (NaN rows are
+  answered by the bracket): ``+inf -> max_finite + 2 l`` is 1 and
+  ``-inf -> min_finite - 2 l`` is 0 whenever the row has a threshold."""
+  finite = jnp.isfinite(x)
+  any_finite = jnp.any(finite, axis=-1, keepdims=True)
+  hi = jnp.where(any_finite, jnp.max(jnp.where(finite, x, -jnp.inf), -1, keepdims=True), 0)
+  lo = jnp.where(any_finite, jnp.min(jnp.where(finite, x, jnp.inf), -1, keepdims=True), 0)
+  l = l[..., None]
+  x = jnp.where(x == jnp.inf, hi + 2 * l, x)
+  x = jnp.where(x == -jnp.inf, lo - 2 * l, x)
+  return jnp.where(jnp.isnan(x), 0, x)
+
+
+def _threshold_from_dual(v, k, l):
+  """lam = l * (v[ceil(k) - 1] + v[floor(k)]) / 2 (0-based).
+
+  For fractional k both indices are ceil(k) - 1, a fractional entry, whose dual value
+  is lam / l. For integer k they are the k-th and (k+1)-th largest: both fractional
+  (same value lam / l), or the solution is binary and their values s_k/l - 1 and
+  s_(k+1)/l are the ends of the flat root interval, whose midpoint we return.
+  """
+  n = v.shape[-1]
+  upper = jnp.clip(jnp.ceil(k).astype(jnp.int32) - 1, 0, n - 1)
+  lower = jnp.clip(jnp.floor(k).astype(jnp.int32), 0, n - 1)
+  pick = lambda i: jnp.take_along_axis(v, i[..., None], axis=-1)[..., 0]
+  return 0.5 * l * (pick(upper) + pick(lower))

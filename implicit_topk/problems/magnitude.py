@@ -1,0 +1,207 @@
+r"""The top-k in magnitude (Sander et al., 2023) as a threshold problem.
+
+With :math:`s = |x|`, :math:`t_i = (s_i - \lambda)_+` and :math:`g(u) = u^{1/(p-1)}`
+(the p-norm link), the output is
+
+.. math::
+
+    \mathrm{out}_i = \mathrm{sign}(x_i)\,\min\big(s_i,\ t_i + g(t_i / l)\big)
+
+with :math:`\lambda \ge 0` the root of the nonincreasing (in sign) function
+
+.. math::
+
+    F(\lambda) = \sum_i \min\big(\lambda, g(t_i / l)\big) - k\lambda
+
+(``proofs/magnitude_threshold.md``). The roots can sit many decades below
+:math:`\max_i s_i`, so the Newton solver bisects geometrically and measures steps
+relative to :math:`\lambda`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from implicit_topk import regularizers as _regularizers
+from implicit_topk.problems.base import Bracket, per_row, upper_quantile_of_normal
+
+_BISECT_STEPS = 64  # scalar bisection steps for h^{-1} when snapping binary rows
+
+
+def _excess(lam, s):
+  """t = (s - lam)_+, with derivative 0 at the kink."""
+  return jnp.where(s > lam, s - lam, jnp.zeros_like(s))
+
+
+@dataclasses.dataclass(frozen=True)
+class Magnitude:
+  """The soft top-k in magnitude with the p-norm regularizer ``PNorm(p)``."""
+
+  p: float = 4.0 / 3.0
+  geometric = True
+
+  def __post_init__(self):
+    object.__setattr__(self, "p", float(_regularizers.PNorm(self.p).p))
+
+  @property
+  def regularizer(self) -> _regularizers.PNorm:
+    return _regularizers.PNorm(self.p)
+
+  def _link(self, t, l):
+    """g(t / l) for 0 < t < inf, 0 for t = 0, inf for t = inf; finite derivatives."""
+    inside = (t > 0) & (t < jnp.inf)
+    safe = jnp.where(inside, t, jnp.ones_like(t))
+    value = self.regularizer.link(safe / l)
+    return jnp.where(inside, value, jnp.where(t > 0, t, jnp.zeros_like(t)))
+
+  def _h(self, u, l):
+    """h(u) = u + l u^(p-1) for u >= 0: h(|y*_i|) is the output of a kept entry."""
+    return u + l * jnp.power(u, jnp.asarray(self.p - 1.0, u.dtype))
+
+  # -- the problem ----------------------------------------------------------------
+  def primal(self, lam, x, l):
+    """sign(x_i) min(|x_i|, t_i + g(t_i / l)), t_i = (|x_i| - lam)_+; NaN propagates."""
+    lam_ = per_row(lam, x)
+    s = jnp.abs(x)
+    t = _excess(lam_, s)
+    out = jnp.sign(x) * jnp.minimum(s, t + self._link(t, per_row(l, x)))
+    return jnp.where(jnp.isnan(lam_) | jnp.isnan(x), jnp.nan, out)
+
+  def optimality(self, lam, x, k, l):
+    r"""F(lam) = sum_i min(lam, g(t_i / l)) - k lam, one entry per row.
+
+    Written as ``lam * (#saturated - k) + sum_unsaturated g`` so that it is exactly 0
+    on the flat root interval of a binary solution.
+    """
+    lam_ = lam[..., None]
+    G = self._link(_excess(lam_, jnp.abs(x)), l[..., None])
+    saturated = G > lam_
+    count = jnp.sum(saturated, axis=-1).astype(x.dtype)
+    return lam * (count - k) + jnp.sum(jnp.where(saturated, jnp.zeros_like(G), G), axis=-1)
+
+  def step_scale(self, lam, l):
+    return lam
+
+  def residual_scale(self, lam, k):
+    return (k + 1) * lam
+
+  def bracket(self, x, k, l) -> Bracket:
+    """Rows answered without iterating, and a bracket [lo, hi] of the others' root.
+
+    ``|x_i| = inf`` entries are kept and use up ``k``; with ``k_f = k - #inf``:
+    NaN in the row or ``k_f < 0``: NaN; ``k_f = 0``: every finite entry is 0
+    (``lam = max_finite + l``); at most ``k_f`` finite nonzero entries: ``lam = 0``
+    (output = x). ``hi = max_finite s`` (F(hi) = -k_f hi < 0) and
+    ``lo = min(m / 2, g(m / (2 l)))``, ``m`` the smallest nonzero finite ``s``:
+    ``h(lo) <= m``, so every nonzero entry is saturated at ``lo`` and F(lo) > 0
+    (``lo`` can underflow to 0; the iteration then bisects arithmetically).
+    """
+    s = jnp.abs(x)
+    finite = jnp.isfinite(s)
+    nonzero = finite & (s > 0)
+    m = jnp.min(jnp.where(nonzero, s, jnp.inf), axis=-1)
+    m = jnp.where(jnp.isfinite(m), m, 1)
+    lo = jnp.minimum(0.5 * m, self.regularizer.link(0.5 * m / l))
+    s_max = jnp.max(jnp.where(finite, s, 0), axis=-1)
+    n_inf = jnp.sum(s == jnp.inf, axis=-1).astype(s.dtype)
+    nnz = jnp.sum(nonzero, axis=-1).astype(s.dtype)
+    k_f = k - n_inf
+    infeasible = jnp.any(jnp.isnan(s), axis=-1) | (k_f < 0)
+    all_zero = k_f == 0
+    all_kept = nnz <= k_f
+    known = infeasible | all_zero | all_kept
+    value = jnp.where(infeasible, jnp.nan, jnp.where(all_zero, s_max + l, 0)).astype(s.dtype)
+    return Bracket(jnp.minimum(lo, 0.5 * s_max), s_max, known, value)
+
+  def initial_guess(self, x, k, l, bracket: Bracket):
+    r"""The (k+1)-th largest :math:`|x_i|` as a half-normal sample would put it.
+
+    :math:`\sigma\,\Phi^{-1}(1 - k / (2n))` with :math:`\sigma` the row's finite root
+    mean square: one reduction, no sort; used when strictly inside the bracket.
+    """
+    s = jnp.abs(x)
+    finite = jnp.isfinite(s)
+    count = jnp.maximum(jnp.sum(finite, axis=-1), 1).astype(x.dtype)
+    rms = jnp.sqrt(jnp.sum(jnp.where(finite, s * s, 0), axis=-1) / count)
+    guess = rms * upper_quantile_of_normal(0.5 * k / count, x.dtype)
+    inside = (guess > bracket.lo) & (guess < bracket.hi)
+    return jnp.where(inside, guess, 0.5 * (bracket.lo + bracket.hi))
+
+  def snap(self, lam, x, k, l, known):
+    r"""Moves ``lam`` into the interior of the flat root interval of a binary solution.
+
+    With integer ``k``, the top set ``S`` (here: entries more than half saturated),
+    :math:`A = \max_{i \notin S} s_i` and :math:`h(A) < \min_{i \in S} s_i`, every
+    :math:`\lambda \in [A, B]`, :math:`h(B) = \min_S s_i`, is a root and the output is
+    exactly the hard top-k in magnitude. An iteration can stop a few ulps outside
+    (leaving 1e-17 for an exact 0): return :math:`(A + B)/2` instead, with ``B`` from a
+    scalar bisection on the increasing ``h``. Other rows keep ``lam``.
+    """
+    s = jnp.abs(x)
+    lam_ = lam[..., None]
+    top = self._link(_excess(lam_, s), l[..., None]) > 0.5 * lam_
+    count = jnp.sum(top, axis=-1).astype(s.dtype)
+    A = jnp.max(jnp.where(top, -jnp.inf, s), axis=-1)
+    top_min = jnp.min(jnp.where(top, s, jnp.inf), axis=-1)
+    ok = jnp.isfinite(A) & jnp.isfinite(top_min) & (A > 0)
+    A = jnp.where(ok, A, 1)
+    top_min = jnp.where(ok, top_min, 2)
+    binary = ok & (count == k) & (self._h(A, l) < top_min) & ~known
+
+    def bisect(_, bounds):
+      lo, hi = bounds
+      mid = 0.5 * (lo + hi)
+      below = self._h(mid, l) <= top_min
+      return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
+
+    B, _ = jax.lax.fori_loop(0, _BISECT_STEPS, bisect, (A, top_min))
+    return jnp.where(binary, 0.5 * (A + B), lam)
+
+  # -- solver-specific pieces ------------------------------------------------------
+  def supports(self, solver_name: str) -> None:
+    if solver_name == "dykstra" and self.p != 2.0:
+      raise ValueError(f"solver='dykstra' supports p=2 only; got p={self.p}. "
+                       "Use solver='pav' or 'threshold' for other p.")
+
+  def host_threshold(self, kernels, x, k, l):
+    """Exact thresholds by the numba PAV kernel on the magnitude dual."""
+    batch_shape, n = x.shape[:-1], x.shape[-1]
+    k = np.broadcast_to(np.asarray(k, np.float64), batch_shape).reshape(-1)
+    l = np.broadcast_to(np.asarray(l, np.float64), batch_shape).reshape(-1)
+    lam = kernels.magnitude_threshold(
+        x.reshape(-1, n), np.ascontiguousarray(k), np.ascontiguousarray(l), self.p)
+    return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
+
+  def dykstra_threshold(self, x, k, l, *, tol, maxiter, unrolled):
+    r"""``p = 2``: Dykstra on the weighted isotonic regression of the magnitude dual.
+
+    With :math:`s` = |x| sorted descending and :math:`w = (1,\dots,1,k-\lfloor
+    k\rfloor,0,\dots)`, the dual is
+    :math:`\min_{v \downarrow} \sum_i (1 + l w_i)(v_i - s_i / (1 + l w_i))^2`; the
+    threshold is its value at index :math:`\lfloor k\rfloor` (0-based). Approximate:
+    it stops once a sweep changes the dual by at most ``tol``, or after ``maxiter``.
+    """
+    from implicit_topk.solvers import dykstra
+    s = jnp.abs(x)
+    bracket = self.bracket(x, k, l)
+    # inf -> a magnitude that is kept whenever the row has a threshold; NaN rows are known.
+    big = ((bracket.hi + 1) * (2 + l))[..., None]
+    surrogate = jnp.where(s == jnp.inf, big, jnp.where(jnp.isnan(s), 0, s))
+    sorted_s = -jnp.sort(-surrogate, axis=-1)
+    n = x.shape[-1]
+    w = jnp.clip(k[..., None] - jnp.arange(n, dtype=x.dtype), 0, 1)
+    rho = 1 + l[..., None] * w
+    if unrolled:
+      v = dykstra.isotonic_dykstra_unrolled(sorted_s / rho, rho, num_sweeps=maxiter)
+      sweeps = jnp.full(x.shape[:-1], maxiter, jnp.int32)
+    else:
+      result = dykstra.isotonic_dykstra(sorted_s / rho, rho, tol=tol, max_iter=maxiter)
+      v, sweeps = result.v, result.iter_num
+    index = jnp.clip(jnp.floor(k).astype(jnp.int32), 0, n - 1)
+    lam = jnp.take_along_axis(v, index[..., None], axis=-1)[..., 0]
+    lam = self.snap(lam, x, k, l, bracket.known)
+    return jnp.where(bracket.known, bracket.value, lam), sweeps

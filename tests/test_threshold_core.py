@@ -1,0 +1,120 @@
+"""The shared threshold core: no sort in the pure-JAX solver, one cached compilation for
+eager calls, options checked the same way on every backend, and the mask and the
+magnitude operator solved by the same solver objects."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import implicit_topk as itk
+from implicit_topk import problems, solvers
+
+SORTING_PRIMITIVES = {"sort", "top_k", "argsort", "approx_top_k"}
+
+
+def _primitives(jaxpr):
+  """Every primitive name in a closed jaxpr, sub-jaxprs (loops, custom rules) included."""
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for value in eqn.params.values():
+      for sub in (value if isinstance(value, (list, tuple)) else [value]):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          names |= _primitives(inner)
+  return names
+
+
+@pytest.mark.parametrize("operator", [itk.soft_topk_mask, itk.soft_topk_mag])
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0, 3.0])
+def test_threshold_solver_never_sorts_forward_or_backward(operator, p):
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 700)), jnp.float32)
+  forward = lambda x: operator(x, 7.5, l=0.3, p=p, solver="threshold")
+  backward = jax.grad(lambda x: jnp.sum(jnp.sin(forward(x))))
+  for fn in (forward, backward, lambda x: jax.jvp(forward, (x,), (x,))):
+    names = _primitives(jax.make_jaxpr(fn)(x).jaxpr)
+    assert not names & SORTING_PRIMITIVES, names & SORTING_PRIMITIVES
+
+
+def test_the_sort_check_sees_a_sort():
+  """The jaxpr walk above finds sorts inside custom rules and loops (else it proves nothing)."""
+  x = jnp.ones((2, 5))
+  fn = lambda x: itk.soft_topk_mask(x, 2.0, l=0.3, p=2.0, solver="dykstra")
+  assert "sort" in _primitives(jax.make_jaxpr(fn)(x).jaxpr)
+
+
+@pytest.mark.parametrize("operator", [itk.soft_topk_mask, itk.soft_topk_mag])
+def test_eager_calls_compile_once(operator):
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(1, 1000)), jnp.float32)
+  operator(x, 10.0, l=0.1, solver="threshold")  # compiles
+  with jax.log_compiles():
+    import logging
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+      for k in (10.0, 12.5, 3.0):  # a new k value is an argument, not a new program
+        operator(x, k, l=0.2, solver="threshold")
+    finally:
+      logger.removeHandler(handler)
+  compiled = [r for r in records if "Compiling" in r.getMessage()]
+  assert not compiled, [r.getMessage()[:200] for r in compiled]
+
+
+@pytest.mark.parametrize("kwargs", [dict(diff="unrolled"), dict(maxiter=20)])
+def test_auto_takes_iterative_options_on_every_backend(kwargs):
+  for backend in ("cpu", "gpu", "tpu"):
+    name = solvers.resolve_solver_name("auto", problems.CappedSimplex(itk.PNorm()), **kwargs)
+    assert name == "threshold", backend
+  x = jnp.linspace(-1.0, 1.0, 9)
+  y = itk.soft_topk_mask(x, 2.5, l=0.5, **kwargs)
+  np.testing.assert_allclose(float(jnp.sum(y)), 2.5, rtol=1e-5)
+
+
+def test_auto_refuses_tol_on_every_backend():
+  with pytest.raises(ValueError, match="`tol` applies to solver='dykstra'"):
+    itk.soft_topk_mask(jnp.ones(4), 2.0, tol=1e-3)
+
+
+def test_k_of_the_wrong_shape_is_named():
+  with pytest.raises(ValueError, match="`k` must be a scalar or broadcast to the batch shape"):
+    itk.soft_topk_mask(jnp.ones((3, 5)), jnp.full((3, 1), 2.0))
+  with pytest.raises(ValueError, match="`l` must be a scalar or broadcast"):
+    itk.soft_topk_mag(jnp.ones((3, 5)), 2.0, l=jnp.full((2,), 0.5))
+
+
+def test_mask_and_magnitude_run_on_the_same_solver_objects():
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 50)))
+  for name in ("threshold", "pav"):
+    mask = solvers.make_solver(name, problems.CappedSimplex(itk.PNorm(2.0)))
+    mag = solvers.make_solver(name, problems.Magnitude(2.0))
+    assert type(mask) is type(mag)
+    np.testing.assert_allclose(mask.apply(x, 5.0, 0.5),
+                               itk.soft_topk_mask(x, 5.0, l=0.5, p=2.0, solver="pav"), atol=1e-6)
+    np.testing.assert_allclose(mag.apply(x, 5.0, 0.5),
+                               itk.soft_topk_mag(x, 5.0, l=0.5, p=2.0, solver="pav"), atol=1e-6)
+
+
+class _NoMask:
+  saturation = (0.0, 1.0)
+
+
+class _Custom:
+  """A user-defined regularizer: the p = 2 mask, without a PAV kernel declaration."""
+  saturation = (0.0, 1.0)
+
+  def mask(self, z):
+    return jnp.clip(z, 0.0, 1.0)
+
+
+def test_user_regularizers_work_or_say_what_they_lack():
+  with pytest.raises(TypeError, match=r"must provide \['mask'\]"):
+    itk.soft_topk_mask(jnp.ones(4), 2.0, regularizer=_NoMask())
+  with pytest.raises(ValueError, match="declaring `pav_kind`"):
+    itk.soft_topk_mask(jnp.ones(4), 2.0, regularizer=_Custom(), solver="pav")
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 30)), jnp.float32)
+  np.testing.assert_allclose(itk.soft_topk_mask(x, 4.5, l=0.5, regularizer=_Custom()),
+                             itk.soft_topk_mask(x, 4.5, l=0.5, p=2.0, solver="pav"), atol=1e-5)
