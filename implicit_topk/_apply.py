@@ -13,6 +13,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from implicit_topk import _validation
 
@@ -33,6 +34,11 @@ def apply_on_axis(fn: Callable, x, axis: int, *, name: str = "x"):
   if isinstance(out, tuple):
     return (restore(out[0]),) + tuple(out[1:])
   return restore(out)
+
+
+def input_size(x) -> int:
+  """The number of entries of ``x`` (an array, tracer or nested list)."""
+  return int(np.size(x)) if not hasattr(x, "size") else int(x.size)
 
 
 def _solve_rows(x, k, l, *, solver, axis, return_info):

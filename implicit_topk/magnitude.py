@@ -98,7 +98,8 @@ def soft_topk_mag(
     l: regularization strength > 0, scalar or broadcastable to the batch shape.
     p: p-norm exponent, a static float > 1 (4/3: continuously differentiable).
     axis: the axis along which to select.
-    solver: ``"auto"``, ``"pav"`` (numba, host callback, exact), ``"threshold"``
+    solver: ``"auto"`` (the rule of :func:`soft_topk_mask`), ``"pav"`` (numba, host
+      callback, exact, not exportable), ``"threshold"``
       (pure JAX, sort-free Newton, exact) or ``"dykstra"`` (pure JAX, ``p = 2``,
       approximate: stops at ``tol``).
     diff: ``"implicit"`` (default) or ``"unrolled"`` (autodiff through exactly
@@ -121,5 +122,5 @@ def soft_topk_mag(
   """
   solver_obj = solvers.make_solver(
       solver, problems.Magnitude(p), implicit_diff_backend=implicit_diff_backend, diff=diff,
-      tol=tol, maxiter=maxiter)
+      tol=tol, maxiter=maxiter, size=_apply.input_size(x))
   return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info)

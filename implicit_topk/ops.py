@@ -56,9 +56,13 @@ def soft_topk_mask(
     p: p-norm exponent, a static float > 1 (ignored if ``regularizer`` is given).
     regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
     axis: the axis along which to select.
-    solver: ``"auto"`` (fastest exact solver for the backend), ``"pav"`` (numba,
-      host callback), ``"threshold"`` (pure JAX, sort-free Newton) or ``"dykstra"``
-      (pure JAX, ``p = 2`` only, approximate: stops at ``tol``).
+    solver: ``"auto"`` (default; see below), ``"pav"`` (numba, exact, host callback:
+      not exportable with ``jax.export``), ``"threshold"`` (pure JAX, sort-free
+      Newton, exact) or ``"dykstra"`` (pure JAX, ``p = 2`` only, approximate: stops at
+      ``tol``). ``"auto"`` picks ``"threshold"`` on GPU/TPU, for inputs of fewer than
+      2**17 entries, for regularizers other than p = 2 and p = 4/3, and whenever
+      ``maxiter`` or ``diff="unrolled"`` is given; ``"pav"`` otherwise (measured in
+      ``benchmarks/results/cpu_matrix.md``).
     diff: ``"implicit"`` (default: implicit function theorem at the solver's output)
       or ``"unrolled"`` (autodiff through exactly ``maxiter`` iterations of
       ``"threshold"`` or ``"dykstra"``; memory grows with ``maxiter``).
@@ -88,5 +92,5 @@ def soft_topk_mask(
   problem = problems.CappedSimplex(regularizers.resolve(regularizer, p))
   solver_obj = solvers.make_solver(
       solver, problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
-      tol=tol, maxiter=maxiter)
+      tol=tol, maxiter=maxiter, size=_apply.input_size(x))
   return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info)

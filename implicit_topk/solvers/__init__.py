@@ -18,23 +18,30 @@ DIFF_MODES = ("implicit", "unrolled")
 _ITERATIVE_OPTIONS = {"threshold": ("maxiter",), "dykstra": ("tol", "maxiter")}
 
 
-def auto_solver_name(problem, *, backend: str | None = None) -> str:
+# Below this many input entries the host round trip of "pav" (about 0.5 ms on a 2-core
+# CPU) costs more than the whole sort-free Newton solve (benchmarks/results/cpu_matrix.md:
+# 1 x 1e3 and 64 x 1e3 favour "threshold", 16384 x 8 and larger favour "pav").
+PAV_MIN_SIZE = 1 << 17
+
+
+def auto_solver_name(problem, *, size: int | None = None, backend: str | None = None) -> str:
   """The fastest exact solver for the problem on ``backend`` (default: JAX's default).
 
   The rule comes from the benchmark matrix (``benchmarks/results/cpu_matrix.md``): on
-  CPU the numba PAV kernel for the p-norms with closed-form blocks (p = 2, p = 4/3),
-  the sort-free Newton threshold solver otherwise; on GPU/TPU always the threshold
+  CPU, inputs of at least ``PAV_MIN_SIZE`` entries (``size``; unknown counts as large)
+  use the numba PAV kernel for the p-norms with closed-form blocks (p = 2, p = 4/3);
+  everything else, and every input on GPU/TPU, uses the sort-free Newton threshold
   solver (pure JAX, no host round trip).
   """
   backend = jax.default_backend() if backend is None else backend
-  if backend != "cpu":
+  if backend != "cpu" or (size is not None and size < PAV_MIN_SIZE):
     return "threshold"
   exponent = regularizers.pnorm_exponent(getattr(problem, "regularizer", None))
   return "pav" if exponent in (1, 3) else "threshold"
 
 
 def resolve_solver_name(name: str, problem, *, diff: str = "implicit", tol=None,
-                        maxiter=None) -> str:
+                        maxiter=None, size: int | None = None) -> str:
   """Checks the options against ``name`` *before* ``"auto"`` is resolved.
 
   So a call is accepted or refused the same way on every backend: ``tol`` belongs to
@@ -49,7 +56,7 @@ def resolve_solver_name(name: str, problem, *, diff: str = "implicit", tol=None,
       raise ValueError("`tol` applies to solver='dykstra' only; solver='auto' never picks it.")
     if maxiter is not None or diff == "unrolled":
       return "threshold"
-    return auto_solver_name(problem)
+    return auto_solver_name(problem, size=size)
   allowed = _ITERATIVE_OPTIONS.get(name, ())
   for option, value in options.items():
     if value is not None and option not in allowed:
@@ -69,6 +76,7 @@ def make_solver(
     diff: str = "implicit",
     tol: float | None = None,
     maxiter: int | None = None,
+    size: int | None = None,
 ) -> ThresholdRootSolver:
   """Builds the solver ``name`` ("auto", "pav", "threshold" or "dykstra") for ``problem``.
 
@@ -76,8 +84,9 @@ def make_solver(
   "dykstra" (``maxiter`` of them); ``tol`` is Dykstra's stopping tolerance and
   ``maxiter`` the iteration cap of the iterative solvers. ``None`` keeps the solver's
   default. Options a solver does not have raise ``ValueError``, on every backend.
+  ``size`` (the number of input entries) lets ``"auto"`` pick by size.
   """
-  name = resolve_solver_name(name, problem, diff=diff, tol=tol, maxiter=maxiter)
+  name = resolve_solver_name(name, problem, diff=diff, tol=tol, maxiter=maxiter, size=size)
   kwargs = {key: value for key, value in {"tol": tol, "maxiter": maxiter}.items()
             if value is not None}
   return SOLVERS[name](problem=problem, implicit_diff=diff == "implicit",
@@ -86,6 +95,6 @@ def make_solver(
 
 __all__ = [
     "ThresholdRootSolver", "CappedSimplexSolver", "OptStep", "RootState", "PAVSolver",
-    "ThresholdSolver", "DykstraSolver", "SOLVERS", "DIFF_MODES", "auto_solver_name",
+    "ThresholdSolver", "DykstraSolver", "SOLVERS", "DIFF_MODES", "PAV_MIN_SIZE", "auto_solver_name",
     "resolve_solver_name", "make_solver",
 ]
