@@ -1,5 +1,8 @@
 r"""Implicit differentiation of a batch of scalar roots. The only module that imports jaxopt.
 
+jaxopt is imported only when ``backend="jaxopt"`` is asked for, so ``import
+implicit_topk`` neither loads it nor triggers its deprecation warning.
+
 A solver finds, for every row ``b``, a root :math:`\lambda_b` of the optimality
 condition :math:`F(\lambda, \theta)_b = 0` (e.g. :math:`\phi(\lambda) = \sum_i y_i - k`).
 Rows are independent, so :math:`\partial F / \partial \lambda` is diagonal and the
@@ -32,7 +35,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jaxopt import implicit_diff as _jaxopt_implicit_diff
 
 BACKENDS = ("lax", "jaxopt")
 
@@ -74,7 +76,10 @@ def implicit_root(
     ``(root, aux)``; ``aux`` (solver diagnostics) carries no derivative.
   """
   if backend == "jaxopt":
-    decorated = _jaxopt_implicit_diff.custom_root(
+    # Lazy: jaxopt is unmaintained and warns (DeprecationWarning) when imported.
+    from jaxopt import implicit_diff as jaxopt_implicit_diff  # pylint: disable=g-import-not-at-top
+
+    decorated = jaxopt_implicit_diff.custom_root(
         optimality_fun, has_aux=True, solve=diagonal_solve
     )(solver_fun)
     root, aux = decorated(init, *args)

@@ -1,13 +1,16 @@
 """JAX transformations of ``soft_topk_mask``: jit, vmap, autodiff, dtypes, axes, sharding.
 
 float64 is enabled by conftest.py (and again below); float32 and the half types are
-requested explicitly where they are tested.
+requested explicitly where they are tested. Arrays and pytrees are compared with
+``chex.assert_trees_all_close`` (through :func:`close`: float64, absolute tolerance
+only), shapes and dtypes with ``chex.assert_shape`` / ``chex.assert_type``.
 
 Speed: tracing and compiling the threshold solver costs about a second per jitted
 function, so each test puts everything it compares into one ``jax.jit`` (the
 transformations are the same inside and outside ``jit``; ``test_jit_matches_eager``
-checks the two agree). The sharding check runs in a subprocess that is started in the
-background when the module starts and collected by its test at the end.
+runs as chex variants, with and without ``jax.jit``, and checks the two agree). The
+sharding check runs in a subprocess that is started in the background when the module
+starts and collected by its test at the end.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import subprocess
 import sys
 import textwrap
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 import implicit_topk as itk
 
@@ -42,8 +47,14 @@ def _soft(x, k, l=0.3, **static):
 
 
 def close(actual, desired, atol=1e-12):
-  np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(desired, np.float64),
-                             rtol=0, atol=atol)
+  """``|actual - desired| <= atol`` leaf by leaf, in float64 (rtol=0).
+
+  ``actual`` and ``desired`` are arrays or pytrees of the same structure; a scalar leaf
+  broadcasts against an array leaf, otherwise shapes must match.
+  """
+  to64 = lambda a: np.asarray(a, np.float64)
+  chex.assert_trees_all_close(jax.tree.map(to64, actual), jax.tree.map(to64, desired),
+                              rtol=0, atol=atol)
 
 
 # ---------------------------------------------------------------------------------
@@ -131,24 +142,34 @@ def _sharding_process(request):
 # jit and vmap
 # ---------------------------------------------------------------------------------
 
-@parametrize_solver
-def test_jit_matches_eager(solver):
-  x = _x((4, 12))
-  y = _soft(x, 3.5, solver=solver)  # eager
-  assert 0 < np.sum(np.asarray(y) == 0) and 0 < np.sum((0 < y) & (y < 1))  # non-trivial
-  close(y.sum(-1), 3.5, 1e-10)
+class JitMatchesEagerTest(chex.TestCase):
+  """The eager result (Python-number k and l) under ``jax.jit`` and without it."""
 
-  def both(x, k, l):
-    return (_soft(x, 3.5, solver=solver),  # static k, l
-            itk.soft_topk_mask(x, k, l=l, solver=solver),  # traced k, l
-            itk.soft_topk_mask(x, 2.0, l=l, solver=solver))
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.named_parameters(*((s, s) for s in SOLVERS))
+  def test_jit_matches_eager(self, solver):
+    x = _x((4, 12))
+    y = _soft(x, 3.5, solver=solver)  # eager, Python numbers
+    chex.assert_shape(y, x.shape)
+    chex.assert_type(y, jnp.float64)
+    assert 0 < np.sum(np.asarray(y) == 0) and 0 < np.sum((0 < y) & (y < 1))  # non-trivial
+    close(y.sum(-1), 3.5, 1e-10)
 
-  y_static, y_traced, y_k2 = jax.jit(both)(x, 3.5, 0.3)
-  close(y_static, y)
-  close(y_traced, y)
-  close(y_k2.sum(-1), 2.0, 1e-10)
-  g = jax.jit(itk.soft_topk_mask, static_argnames=("p", "solver", "axis"))
-  close(g(x, 3.5, l=0.3, solver=solver), y)
+    @self.variant
+    def both(x, k, l):
+      return (_soft(x, 3.5, solver=solver),  # static k, l
+              itk.soft_topk_mask(x, k, l=l, solver=solver),  # array k, l (traced under jit)
+              itk.soft_topk_mask(x, 2.0, l=l, solver=solver))
+
+    y_static, y_array, y_k2 = both(x, jnp.asarray(3.5), jnp.asarray(0.3))
+    chex.assert_shape([y_static, y_array, y_k2], x.shape)
+    chex.assert_type([y_static, y_array, y_k2], jnp.float64)
+    close((y_static, y_array), (y, y))
+    close(y_k2.sum(-1), 2.0, 1e-10)
+    # the public function itself through the variant, k and l Python numbers (weakly
+    # typed tracers under jit)
+    g = self.variant(itk.soft_topk_mask, static_argnames=("p", "solver", "axis"))
+    close(g(x, 3.5, l=0.3, solver=solver), y)
 
 
 @parametrize_solver
@@ -216,10 +237,10 @@ def test_any_leading_batch_shape(solver):
     return _soft(x, 2.5, solver=solver), _soft(x.reshape(-1, 7), 2.5, solver=solver)
 
   y, flat = run(x)
-  assert y.shape == x.shape
+  chex.assert_shape(y, x.shape)
   close(y.reshape(-1, 7), flat)
   y1 = _soft(x[0, 0, 0], 2.5, solver=solver)  # a single 1-D row, eager
-  assert y1.shape == (7,)
+  chex.assert_shape(y1, (7,))
   close(y[0, 0, 0], y1)
 
 
@@ -254,14 +275,14 @@ def test_axis_equals_moving_the_axis(solver):
   out, col = run(x, ks)
   for a in axes:
     o = out[a]
-    assert o["y"].shape == x.shape
+    chex.assert_shape([o["y"], o["y_neg"], o["y_k"]], x.shape)
     close(o["y"], o["manual"])
     close(o["y_neg"], o["y"], 0)
     close(o["y"].sum(a), 2.5, 1e-10)
     close(o["y_k"], o["manual_k"])
     close(o["y_k"].sum(a), ks[a], 1e-10)
     assert not np.allclose(o["y"], out[(a + 1) % 3]["y"])  # the axis matters
-  assert col.shape == x.shape
+  chex.assert_shape(col, x.shape)
   close(col.sum(-1), jnp.broadcast_to(ks[2][:, :1], batch[2]), 1e-10)
 
 
@@ -334,8 +355,8 @@ def test_dtype_in_out(solver):
   for d, atol in _DTYPES.items():
     o = out[d]
     y, g, ref = o["y"], o["g"], np.asarray(o["ref"])
-    assert y.dtype == jnp.dtype(d) and y.shape == (4, 16), (d, y.dtype)
-    assert g.dtype == jnp.dtype(d), (d, g.dtype)
+    chex.assert_type([y, g], jnp.dtype(d))
+    chex.assert_shape([y, g], (4, 16))
     y64 = np.asarray(y, np.float64)
     assert np.max(np.abs(y64 - ref)) <= atol, (d, np.max(np.abs(y64 - ref)))
     assert np.all((y64 >= 0) & (y64 <= 1))
@@ -347,7 +368,7 @@ def test_dtype_in_out(solver):
   # eager calls keep the dtype as well
   for d in ("float32", "bfloat16"):
     y = _soft(xs[d], 4.5, l=0.5, solver=solver)
-    assert y.dtype == jnp.dtype(d)
+    chex.assert_type(y, jnp.dtype(d))
     close(y, out[d]["y"], 1e-2 if d == "bfloat16" else 1e-6)
 
 
@@ -417,7 +438,8 @@ def test_batched_jacobian_is_block_diagonal(solver):
                for b in range(3)]
     return jax.jacfwd(f)(x), jax.jacrev(f)(x), singles
 
-  j_fwd, j_rev, singles = run(x)  # (3, 8, 3, 8)
+  j_fwd, j_rev, singles = run(x)
+  chex.assert_shape([j_fwd, j_rev], (3, 8, 3, 8))
   close(j_fwd, j_rev, 1e-10)
   for b in range(3):
     for c in range(3):
@@ -494,6 +516,8 @@ def test_hessian_vector_product(solver):
       close(o["fd"], 0.0, 1e-6)
 
 
+# the backend imports jaxopt, which warns that it is unmaintained (expected here)
+@pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
 @parametrize_solver
 def test_implicit_diff_backends(solver):
   x = _x((3, 9), seed=16)
@@ -514,8 +538,8 @@ def test_implicit_diff_backends(solver):
 
   out = run(x, k, 0.6)
   close(out["jaxopt"]["y"], out["lax"]["y"], 0)  # the primal does not depend on it
-  for i in range(3):
-    close(out["jaxopt"]["grads"][i], out["lax"]["grads"][i], 1e-10)
+  chex.assert_shape(out["lax"]["grads"], [(3, 9), (3,), ()])
+  close(out["jaxopt"]["grads"], out["lax"]["grads"], 1e-10)  # (x, k, l)
   close(out["jaxopt"]["jac"], out["lax"]["jac"], 1e-10)
   assert np.abs(np.asarray(out["lax"]["grads"][0])).max() > 1e-2
   # jaxopt's custom_vjp has no forward mode ...
@@ -568,7 +592,7 @@ def test_solver_objects(solver):
 
   step, phi, mask, functional, dlam = run(x, k)
   assert isinstance(step, itk.OptStep) and isinstance(step.state, itk.RootState)
-  assert step.params.shape == (4,) and step.state.iter_num.shape == (4,)
+  chex.assert_shape([step.params, step.state.iter_num, step.state.residual], (4,))
   assert np.all(step.state.residual <= 1e-10)
   close(phi, 0.0, 1e-10)
   close(mask, functional)
