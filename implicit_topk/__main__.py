@@ -21,7 +21,8 @@ Every option not listed above is passed to benchmarks/bench_topk.py, e.g.
   implicit-topk bench --quick
   implicit-topk bench --sizes 1e3,1e4 --batches 1 --solvers threshold --out /tmp/bench
 Run `implicit-topk bench --bench-help` for the benchmark's own options.
-Writes <out>/<backend>[_<tag>].{md,json,png} (default out: benchmarks/results)."""
+Writes benchmarks/results/<backend>_matrix[_<tag>].{md,json,png} by default; --out PATH
+writes PATH.{md,json,png} (or, for an existing directory, the same names inside it)."""
 
 
 def _parser():
