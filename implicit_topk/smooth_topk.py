@@ -35,6 +35,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from implicit_topk import _apply
 from implicit_topk import _validation
 
 __all__ = ["grad_topk", "iterative_softmax_topk"]
@@ -49,15 +50,18 @@ def _check_static_k(k, n: int, op: str) -> int:
   return int(k)
 
 
-def _prepare(x, l, axis):
-  """Validated input moved to the last axis in the compute dtype, and ``l`` per row."""
+def _on_last_axis(fn, x, k, l, axis, op: str):
+  """``fn(rows / l, k)`` along ``axis`` (validated; half types computed in float32)."""
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
   _validation.check_positive(l, "l")
-  dtype = _validation.compute_dtype(x.dtype)
-  moved = jnp.moveaxis(x, axis, -1).astype(dtype)
-  l = jnp.asarray(l, dtype)
-  return x, axis, moved, jnp.expand_dims(l, -1) if l.ndim else l
+  k = _check_static_k(k, x.shape[axis], op)
+
+  def on_rows(rows):
+    l_rows = jnp.asarray(l, rows.dtype)
+    return fn(rows / (jnp.expand_dims(l_rows, -1) if l_rows.ndim else l_rows), k)
+
+  return _apply.apply_on_axis(on_rows, x, axis)
 
 
 # ---------------------------------------------------------------------------------------
@@ -189,10 +193,7 @@ def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
     >>> [round(float(v), 3) for v in y]
     [1.0, 0.0, 1.0, 0.0]
   """
-  x, axis, moved, l = _prepare(x, l, axis)
-  k = _check_static_k(k, moved.shape[-1], "grad_topk")
-  y = _grad_topk_last_axis(moved / l, k)
-  return jnp.moveaxis(y, -1, axis).astype(x.dtype)
+  return _on_last_axis(_grad_topk_last_axis, x, k, l, axis, "grad_topk")
 
 
 # ---------------------------------------------------------------------------------------
@@ -293,7 +294,4 @@ def iterative_softmax_topk(x, k: int, l=1.0, *, variant: str = "logits", axis: i
     An array with the shape and dtype of ``x``.
   """
   _validation.check_choice(variant, "variant", _VARIANTS)
-  x, axis, moved, l = _prepare(x, l, axis)
-  k = _check_static_k(k, moved.shape[-1], "iterative_softmax_topk")
-  p = _VARIANTS[variant](moved / l, k)
-  return jnp.moveaxis(p, -1, axis).astype(x.dtype)
+  return _on_last_axis(_VARIANTS[variant], x, k, l, axis, "iterative_softmax_topk")

@@ -29,6 +29,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from implicit_topk import _apply
 from implicit_topk import _validation
 
 __all__ = ["sparse_softmax"]
@@ -116,7 +117,4 @@ def sparse_softmax(z, k: int, axis: int = -1):
         f"number of non-zeros); got {k!r}.")
   k = int(k)
   _validation.check_k(k, n, allow_n=True)
-  dtype = _validation.compute_dtype(z.dtype)
-  moved = jnp.moveaxis(z, axis, -1).astype(dtype)
-  p = _sparse_softmax_last_axis(moved, k)
-  return jnp.moveaxis(p, -1, axis).astype(z.dtype)
+  return _apply.apply_on_axis(lambda rows: _sparse_softmax_last_axis(rows, k), z, axis, name="z")
