@@ -60,7 +60,7 @@ def soft_topk_mask(
       not exportable with ``jax.export``), ``"threshold"`` (pure JAX, sort-free
       Newton, exact) or ``"dykstra"`` (pure JAX, ``p = 2`` only, approximate: stops at
       ``tol``). ``"auto"`` picks ``"threshold"`` on GPU/TPU, for inputs of fewer than
-      2**17 entries, for regularizers other than p = 2 and p = 4/3, and whenever
+      2**15 entries, for regularizers other than p = 2 and p = 4/3, and whenever
       ``maxiter`` or ``diff="unrolled"`` is given; ``"pav"`` otherwise (measured in
       ``benchmarks/results/cpu_matrix.md``).
     diff: ``"implicit"`` (default: implicit function theorem at the solver's output)

@@ -20,8 +20,9 @@ _ITERATIVE_OPTIONS = {"threshold": ("maxiter",), "dykstra": ("tol", "maxiter")}
 
 # Below this many input entries the host round trip of "pav" (about 0.5 ms on a 2-core
 # CPU) costs more than the whole sort-free Newton solve (benchmarks/results/cpu_matrix.md:
-# 1 x 1e3 and 64 x 1e3 favour "threshold", 16384 x 8 and larger favour "pav").
-PAV_MIN_SIZE = 1 << 17
+# at 1 x 1e3 and 1 x 1e4 "threshold" is 1.4-3.8x the hard mask and "pav" 5-14x; from
+# 64 x 1e3 (64000 entries) on, "pav" is the faster of the two in every cell).
+PAV_MIN_SIZE = 1 << 15
 
 
 def auto_solver_name(problem, *, size: int | None = None, backend: str | None = None) -> str:
