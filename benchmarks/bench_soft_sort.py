@@ -1,21 +1,32 @@
 #!/usr/bin/env python
-"""Soft top-k values (soft sort restricted to the k largest): ours vs ott-jax, CPU or GPU.
+"""Soft sort and soft rank, forward+backward: ours vs torchsort (and ott-jax), CPU or GPU.
 
-Times forward+backward (the gradient of ``sum(w * values)``) under ``jit``, after
-warm-up, median of repeats, float32, batch ``b``, ``k = n / 100``, for
+Times forward+backward (the gradient of ``sum(w * y)``, float32, batch ``b`` rows of
+length ``n``) after warm-up, the contenders of a cell interleaved (one call of each per
+round, so a change in machine load hits all of them alike), median of ``--repeats``
+rounds:
 
-* ``implicit_topk.soft_topk_values`` (permutahedron LP, PAV + implicit derivatives,
-  ``p = 2``, ``l = 1``): O(n log n) time, O(n) memory;
-* ``ott.tools.soft_sort.sort(x, topk=k)`` (entropic optimal transport between the
-  values and k + 1 target bins, Sinkhorn), differentiated by unrolling
-  (``implicit_diff=None``: its implicit differentiation fails on current jax/lineax).
+* ``implicit_topk.soft_sort`` / ``soft_rank`` (permutahedron LP, ``p = 2``, ``l = 1``:
+  PAV on the host, implicit derivatives), under ``jax.jit(jax.value_and_grad)``;
+* ``torchsort.soft_sort`` / ``soft_rank`` (``regularization="l2"``,
+  ``regularization_strength = 1``: the same operators, checked below to agree to
+  rounding), ``y = op(x); (w * y).sum().backward()``; skipped if torchsort is not
+  installed (the ``peers`` extra);
+* ``implicit_topk.soft_topk_values`` vs ``ott.tools.soft_sort.sort(x, topk=k)``
+  (``k = n / 100``; entropic optimal transport, Sinkhorn, differentiated by
+  unrolling: ``implicit_diff=None``, its implicit differentiation fails on current
+  jax/lineax), on cells up to ``--ott-max-size`` entries (ott is ~100x slower).
 
-A cell that fails (out of memory, or beyond ``--timeout-s``) is reported as such.
+A cell that fails (out of memory) is reported as such. The load average
+(``os.getloadavg()``) is printed and recorded before and after each cell: on a shared
+machine compare ratios within a cell, not absolute times across runs.
+
+Writes ``benchmarks/results/<backend>_soft_sort.{json,md}``.
 
 Usage::
 
-    python benchmarks/bench_soft_sort.py                     # n in 1e3..1e6, b = 64 (1 at 1e6)
-    python benchmarks/bench_soft_sort.py --sizes 1e4 --batches 64
+    python benchmarks/bench_soft_sort.py                  # 1x1e3, 64x1e3, 64x1e4, 1x1e5
+    python benchmarks/bench_soft_sort.py --cells 64x1e4 --repeats 21
 """
 
 from __future__ import annotations
@@ -30,66 +41,189 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+L = 1.0
 
-def ours(n, k):
+
+def _jax_timer(op, x, w):
+  value_and_grad = jax.jit(jax.value_and_grad(lambda x: jnp.sum(w[..., :op(x).shape[-1]] * op(x))))
+  return lambda: jax.block_until_ready(value_and_grad(x))
+
+
+def ours(kind, x, w, k):
   import implicit_topk as itk
 
-  return lambda x: itk.soft_topk_values(x, k, l=1.0, p=2.0)
+  ops = {"sort": lambda x: itk.soft_sort(x, l=L, p=2.0),
+         "rank": lambda x: itk.soft_rank(x, l=L, p=2.0),
+         "topk": lambda x: itk.soft_topk_values(x, k, l=L, p=2.0)}
+  return _jax_timer(ops[kind], jnp.asarray(x), jnp.asarray(w))
 
 
-def ott(n, k):
-  from ott.tools import soft_sort
+def torchsort_timer(kind, x, w, k):
+  del k
+  import torch
+  import torchsort
 
-  def run(x):
-    return jax.vmap(lambda row: soft_sort.sort(row, topk=k, implicit_diff=None))(x)
+  op = {"sort": torchsort.soft_sort, "rank": torchsort.soft_rank}[kind]
+  xt = torch.tensor(x, requires_grad=True)
+  wt = torch.tensor(w)
+
+  def run():
+    xt.grad = None
+    y = op(xt, regularization="l2", regularization_strength=L)
+    (wt * y).sum().backward()
+    return xt.grad
 
   return run
 
 
-METHODS = {"implicit_topk soft_topk_values": ours, "ott-jax soft_sort.sort(topk)": ott}
+def ott_timer(kind, x, w, k):
+  assert kind == "topk"
+  from ott.tools import soft_sort
+
+  op = lambda x: jax.vmap(lambda row: soft_sort.sort(row, topk=k, implicit_diff=None))(x)
+  return _jax_timer(op, jnp.asarray(x), jnp.asarray(w))
 
 
-def time_cell(fn, x, w, repeats):
-  value_and_grad = jax.jit(jax.value_and_grad(lambda x: jnp.sum(w[..., :fn(x).shape[-1]] * fn(x))))
-  jax.block_until_ready(value_and_grad(x))
-  times = []
+# (operator, contender) -> timer factory
+CONTENDERS = {
+    ("soft_sort", "implicit_topk"): lambda *a: ours("sort", *a),
+    ("soft_sort", "torchsort"): lambda *a: torchsort_timer("sort", *a),
+    ("soft_rank", "implicit_topk"): lambda *a: ours("rank", *a),
+    ("soft_rank", "torchsort"): lambda *a: torchsort_timer("rank", *a),
+    ("soft_topk_values", "implicit_topk"): lambda *a: ours("topk", *a),
+    ("soft_topk_values", "ott-jax"): lambda *a: ott_timer("topk", *a),
+}
+
+
+def _have_torchsort():
+  try:
+    import torchsort  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+def check_agreement():
+  """Max |ours - torchsort| on a small float32 batch (the same operators)."""
+  import torch
+  import torchsort
+
+  import implicit_topk as itk
+
+  x = np.random.default_rng(1).normal(size=(4, 50)).astype(np.float32)
+  diffs = [float(np.abs(np.asarray(ours_op(jnp.asarray(x), l=L))
+                        - theirs(torch.tensor(x), regularization_strength=L).numpy()).max())
+           for ours_op, theirs in ((itk.soft_sort, torchsort.soft_sort),
+                                   (itk.soft_rank, torchsort.soft_rank))]
+  return max(diffs)
+
+
+def time_cell(timers, repeats):
+  """Interleaved rounds: each round calls every timer once. Median seconds per timer."""
+  times = {name: [] for name in timers}
+  for name, fn in timers.items():  # warm-up (compilation)
+    fn()
   for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(value_and_grad(x))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+    for name, fn in timers.items():
+      start = time.perf_counter()
+      fn()
+      times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def parse_cell(text):
+  b, n = text.lower().split("x")
+  return int(float(b)), int(float(n))
+
+
+def write_markdown(path, meta, records):
+  lines = [f"# Soft sort / rank, forward+backward ({meta['backend']}, float32, p = 2, l = {L})",
+           "", f"`{meta['command']}`", "",
+           f"{meta['device']}; jax {meta['jax']}"
+           + (f", torch {meta['torch']}, torchsort {meta['torchsort']}" if meta.get("torch") else "")
+           + f"; median of {meta['repeats']} interleaved rounds.", "",
+           f"max |ours - torchsort| (float32, 4 x 50): {meta.get('torchsort_max_abs_diff', 'n/a')}",
+           "", "| operator | b x n | contender | ms | ratio to implicit_topk | load avg (1 min) |",
+           "|---|---|---|---:|---:|---:|"]
+  for r in records:
+    ours_s = next((q["seconds"] for q in records if q["operator"] == r["operator"]
+                   and q["batch"] == r["batch"] and q["n"] == r["n"]
+                   and q["contender"] == "implicit_topk"), None)
+    ms = f"{1e3 * r['seconds']:.2f}" if r["seconds"] is not None else r["status"]
+    ratio = (f"{r['seconds'] / ours_s:.2f}" if r["seconds"] is not None and ours_s else "")
+    lines.append(f"| {r['operator']} | {r['batch']} x {r['n']} | {r['contender']} | {ms} | "
+                 f"{ratio} | {r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f} |")
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--sizes", default="1e3,1e4,1e5,1e6")
-  ap.add_argument("--batches", default="64")
-  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--cells", default="1x1e3,64x1e3,64x1e4,1x1e5",
+                  help="comma-separated b x n, e.g. 64x1e4")
+  ap.add_argument("--operators", default="soft_sort,soft_rank,soft_topk_values")
+  ap.add_argument("--repeats", type=int, default=11)
+  ap.add_argument("--ott-max-size", type=float, default=64e3,
+                  help="run ott-jax only on cells with b * n <= this")
   ap.add_argument("--out", default=os.path.join("benchmarks", "results"))
   opts = ap.parse_args(argv)
+  have_torchsort = _have_torchsort()
+  meta = {"backend": jax.default_backend(), "device": str(jax.devices()[0]),
+          "jax": jax.__version__, "repeats": opts.repeats, "l": L, "p": 2.0,
+          "command": "python benchmarks/bench_soft_sort.py "
+                     + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+          "cpu_count": os.cpu_count()}
+  if have_torchsort:
+    import importlib.metadata
+
+    import torch
+    meta.update(torch=torch.__version__, torchsort=importlib.metadata.version("torchsort"),
+                torch_threads=torch.get_num_threads(),
+                torchsort_max_abs_diff=check_agreement())
+    print(f"torchsort {meta['torchsort']} (torch {meta['torch']}, "
+          f"{meta['torch_threads']} threads): max |ours - torchsort| = "
+          f"{meta['torchsort_max_abs_diff']:.2e}")
+  else:
+    print("torchsort is not installed (pip install -e '.[peers]'): its rows are skipped")
   records = []
-  for n in (int(float(s)) for s in opts.sizes.split(",")):
-    for b in (int(s) for s in opts.batches.split(",")):
-      b = 1 if n >= 10**6 else b
-      k = max(1, n // 100)
-      rng = np.random.default_rng(0)
-      x = jnp.asarray(rng.normal(size=(b, n)), jnp.float32)
-      w = jnp.asarray(rng.normal(size=(b, n)), jnp.float32)
-      for name, build in METHODS.items():
-        try:
-          seconds = time_cell(build(n, k), x, w, opts.repeats)
-          status = f"{1e3 * seconds:.1f} ms"
-        except Exception as exc:  # noqa: BLE001 (out of memory is reported, not fatal)
-          seconds, status = None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
-        records.append({"method": name, "n": n, "batch": b, "k": k, "seconds": seconds,
-                        "status": status})
-        print(f"n={n:>8d} b={b:>3d} {name:>32s}: {status}", flush=True)
+  for b, n in (parse_cell(c) for c in opts.cells.split(",")):
+    k = max(1, n // 100)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(b, n)).astype(np.float32)
+    w = rng.normal(size=(b, n)).astype(np.float32)
+    for operator in opts.operators.split(","):
+      timers, status = {}, {}
+      for (op, contender), build in CONTENDERS.items():
+        if op != operator:
+          continue
+        if contender == "torchsort" and not have_torchsort:
+          continue
+        if contender == "ott-jax" and b * n > opts.ott_max_size:
+          status[contender] = f"skipped (b * n > --ott-max-size {opts.ott_max_size:g})"
+          continue
+        timers[contender] = build(x, w, k)
+      load_before = os.getloadavg()
+      try:
+        seconds = time_cell(timers, opts.repeats)
+      except Exception as exc:  # noqa: BLE001 (out of memory is reported, not fatal)
+        seconds = {}
+        for contender in timers:
+          status[contender] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+      load_after = os.getloadavg()
+      for contender in list(timers) + [c for c in status if c not in timers]:
+        s = seconds.get(contender)
+        records.append({"operator": operator, "contender": contender, "batch": b, "n": n,
+                        "k": k if operator == "soft_topk_values" else None, "seconds": s,
+                        "status": f"{1e3 * s:.2f} ms" if s is not None else status[contender],
+                        "load_before": load_before, "load_after": load_after})
+        print(f"{operator:>16s} b={b:>3d} n={n:>7d} {contender:>14s}: {records[-1]['status']:>12s}"
+              f"   load {load_before[0]:.2f} -> {load_after[0]:.2f}", flush=True)
   os.makedirs(opts.out, exist_ok=True)
-  path = os.path.join(opts.out, f"soft_sort_{jax.default_backend()}.json")
-  with open(path, "w") as f:
-    json.dump({"backend": jax.default_backend(), "device": str(jax.devices()[0]),
-               "records": records}, f, indent=1)
-  print(f"wrote {path}")
+  stem = os.path.join(opts.out, f"{jax.default_backend()}_soft_sort")
+  with open(stem + ".json", "w") as f:
+    json.dump({**meta, "records": records}, f, indent=1)
+  write_markdown(stem + ".md", meta, records)
+  print(f"wrote {stem}.json, {stem}.md")
 
 
 if __name__ == "__main__":

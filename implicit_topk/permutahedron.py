@@ -47,32 +47,46 @@ from implicit_topk.solvers import host
 from implicit_topk.solvers import pav
 
 
-def _host_dual(p, pav_kernels, s, w, l):
-  """PAV on the host: block values (padded with 0) and block ids, per row."""
-  batch_shape, n = s.shape[:-1], s.shape[-1]
-  s2 = s.reshape(-1, n)
-  w2 = np.broadcast_to(np.asarray(w), s.shape).reshape(-1, n)
-  l2 = np.broadcast_to(np.asarray(l, np.float64), batch_shape).reshape(-1)
-  v = pav_kernels.isotonic_pav(s2, w2, l2, p)
-  # Blocks are runs of equal values (adjacent PAV blocks with equal values satisfy the
-  # merged block condition too). Rows with non-finite input give NaN: one block each.
-  new_block = np.concatenate([np.ones((v.shape[0], 1), bool), v[:, 1:] != v[:, :-1]], axis=1)
-  new_block |= np.isnan(v)
-  ids = np.cumsum(new_block, axis=1) - 1
-  values = np.zeros_like(v)
-  rows = np.repeat(np.arange(v.shape[0])[:, None], n, axis=1)
-  values[rows, ids] = v
-  return (values.astype(s.dtype).reshape(s.shape),
-          ids.astype(np.int32).reshape(s.shape))
+def _host_blocks(p, sort_x, sort_w, dtype, kernels, *args):
+  """Host side of :func:`_lp`: sorts (numpy), gathers, PAV and block ids (numba).
+
+  ``args`` = (x if sort_x, w if sort_w, l); a missing x or w is the ranks
+  (n, ..., 1). Returns (values, ids[, x_order, x_inverse][, w_order]), x's shape.
+  """
+  l = args[-1]
+  shape = args[0].shape if sort_x or sort_w else None
+  n = shape[-1]
+  ranks = np.arange(n, 0, -1, dtype=dtype)[None]
+  rows = list(args[:-1])
+  x = rows.pop(0).reshape(-1, n) if sort_x else ranks
+  w = rows.pop(0).reshape(-1, n) if sort_w else ranks
+  values, ids, x_order, x_inverse, w_order = kernels.permutahedron_blocks(
+      x, w, l.reshape(-1), p, sort_x=sort_x, sort_w=sort_w, dtype=dtype)
+  out = [values.reshape(shape), ids.reshape(shape)]
+  if sort_x:
+    out += [x_order.reshape(shape), x_inverse.reshape(shape)]
+  if sort_w:
+    out.append(w_order.reshape(shape))
+  return tuple(out)
 
 
-def _segment_sum(values, ids):
-  """Sums ``values`` over the segments ``ids`` (in [0, n)) of each row: shape of values."""
-  n = values.shape[-1]
-  flat_values = values.reshape(-1, n)
-  offsets = (jnp.arange(flat_values.shape[0]) * n)[:, None]
-  total = jax.ops.segment_sum(flat_values.ravel(), (ids.reshape(-1, n) + offsets).ravel(),
-                              num_segments=flat_values.size)
+def _take_rows(a, index, *, sorted_index=False):
+  """``a[r, index[r, i]]`` for (R, n) arrays: one flat gather (XLA's batched gather
+  is slower on CPU). Its transpose is one flat scatter-add."""
+  rows, n = a.shape
+  flat = (index + (jnp.arange(rows, dtype=index.dtype) * n)[:, None]).reshape(-1)
+  return a.reshape(-1).at[flat].get(mode="promise_in_bounds",
+                                    indices_are_sorted=sorted_index).reshape(a.shape)
+
+
+def _block_sums(values, ids):
+  """Sums of ``values`` over the blocks ``ids`` (nondecreasing, in [0, n)) of each row
+  of an (R, n) array, at the block's index: (R, n). Blocks are runs of consecutive
+  positions, so the flat segment ids are sorted (a faster scatter on CPU)."""
+  rows, n = values.shape
+  flat = (ids + (jnp.arange(rows, dtype=ids.dtype) * n)[:, None]).reshape(-1)
+  total = jax.ops.segment_sum(values.reshape(-1), flat, num_segments=values.size,
+                              indices_are_sorted=True)
   return total.reshape(values.shape)
 
 
@@ -86,31 +100,71 @@ def _kernel_spec(regularizer):
   return spec
 
 
-def _sorted_argmax(s, w, l, regularizer):
-  """y in the order of ``s`` (sorted descending), for w sorted descending (last axis)."""
+def _lp(x, w, l, regularizer, dtype):
+  """The LP along the last axis of (R, n) arrays ``x``, ``w`` (None: the ranks
+  (n, ..., 1), already sorted), ``l`` of shape (R,); ``y`` in ``x``'s order.
+
+  The host sorts, solves and returns the block structure and the permutations; the
+  gathers by those permutations and the block conditions are JAX (differentiable).
+  """
   p = _kernel_spec(regularizer)
-  l_row = jnp.broadcast_to(l, s.shape[:-1])[..., None]
+  shape = (x if x is not None else w).shape
+  n = shape[-1]
+  ranks = jnp.broadcast_to(_ranks_vector(n, dtype), shape)
+  given = [a for a in (x, w) if a is not None]
+  int_shape = jax.ShapeDtypeStruct(shape, jnp.int32)
+  out = ((jax.ShapeDtypeStruct(shape, dtype), int_shape)
+         + (int_shape, int_shape) * (x is not None) + (int_shape,) * (w is not None))
+  solved = host.call(functools.partial(_host_blocks, p, x is not None, w is not None,
+                                       np.dtype(dtype)),
+                     out, *jax.lax.stop_gradient((*given, l)))
+  values, ids, rest = solved[0], solved[1], list(solved[2:])
+  if x is not None:
+    order, inverse = rest.pop(0), rest.pop(0)
+    s = _take_rows(x, order)
+  else:
+    s = ranks
+  w_sorted = _take_rows(w, rest.pop(0)) if w is not None else ranks
+  y_sorted = _sorted_argmax(values, ids, s, w_sorted, l, regularizer)
+  return _take_rows(y_sorted, inverse) if x is not None else y_sorted
 
-  def solve_on_host(s_, w_, l_):
-    out = (jax.ShapeDtypeStruct(s_.shape, s_.dtype), jax.ShapeDtypeStruct(s_.shape, jnp.int32))
-    return host.call(functools.partial(_host_dual, p), out, s_, w_, l_)
 
-  values, ids = solve_on_host(*jax.lax.stop_gradient((s, w, l_row[..., 0])))
-  n_blocks = jnp.max(ids, axis=-1, keepdims=True) + 1
-  used = jnp.arange(s.shape[-1]) < n_blocks
+def _sorted_argmax(values, ids, s, w, l, regularizer):
+  """y in the order of ``s`` (sorted descending), for w sorted descending: (R, n).
+
+  ``values``/``ids``: the PAV solution's block values and block ids (from the host).
+  """
+  l_col = l[:, None]
+  used = jnp.arange(s.shape[-1]) < ids[:, -1:] + 1  # ids are nondecreasing
+  at_blocks = lambda u: _take_rows(u, ids, sorted_index=True)
 
   def optimality(u, s_, w_, l_):
-    z = (s_ - jnp.take_along_axis(u, ids, axis=-1)) / l_
-    residual = _segment_sum(regularizer.link(z) - w_, ids)
-    return jnp.where(used, residual, u)
+    z = (s_ - at_blocks(u)) / l_
+    return jnp.where(used, _block_sums(regularizer.link(z) - w_, ids), u)
 
   def solver(init, s_, w_, l_):
     del init, s_, w_, l_  # solved once above (PAV is direct); never differentiated
     return values, jnp.zeros((), values.dtype)
 
-  u, _ = _implicit.implicit_root(solver, optimality, jnp.zeros_like(s), (s, w, l_row),
+  u, _ = _implicit.implicit_root(solver, optimality, jnp.zeros_like(s), (s, w, l_col),
                                  backend="lax")
-  return regularizer.link((s - jnp.take_along_axis(u, ids, axis=-1)) / l_row)
+  return regularizer.link((s - at_blocks(u)) / l_col)
+
+
+def _permutahedron(x, w, *, l, p, regularizer, axis, like):
+  """The LP along ``axis`` for ``x``, ``w`` of ``like``'s shape (None: the ranks)."""
+  axis = _validation.canonicalize_axis(axis, like.ndim)
+  _validation.check_positive(l, "l")
+  regularizer = regularizers.resolve(regularizer, p)
+  dtype = _validation.compute_dtype(like.dtype)
+  moved_shape = jnp.moveaxis(like, axis, -1).shape
+  if like.size == 0:
+    return jnp.zeros(like.shape, like.dtype)
+  n = moved_shape[-1]
+  rows = lambda a: None if a is None else jnp.moveaxis(a, axis, -1).astype(dtype).reshape(-1, n)
+  l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), moved_shape[:-1]).reshape(-1)
+  y = _lp(rows(x), rows(w), l_rows, regularizer, dtype).reshape(moved_shape)
+  return jnp.moveaxis(y, -1, axis).astype(like.dtype)
 
 
 def permutahedron_argmax(x, w, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1):
@@ -135,20 +189,8 @@ def permutahedron_argmax(x, w, *, l=1.0, p: float = 2.0, regularizer=None, axis:
     forward and backward.
   """
   x = _validation.as_float_input(x)
-  axis = _validation.canonicalize_axis(axis, x.ndim)
-  _validation.check_positive(l, "l")
-  regularizer = regularizers.resolve(regularizer, p)
-  dtype = _validation.compute_dtype(x.dtype)
-  moved = jnp.moveaxis(x, axis, -1).astype(dtype)
-  w = jnp.broadcast_to(jnp.moveaxis(jnp.broadcast_to(jnp.asarray(w, dtype), x.shape), axis, -1),
-                       moved.shape)
-  order = jax.lax.stop_gradient(jnp.argsort(-moved, axis=-1))
-  s = jnp.take_along_axis(moved, order, axis=-1)
-  w_sorted = -jnp.sort(-w, axis=-1)
-  y_sorted = _sorted_argmax(s, w_sorted, jnp.asarray(l, dtype), regularizer)
-  inverse = jnp.argsort(order, axis=-1)
-  y = jnp.take_along_axis(y_sorted, inverse, axis=-1)
-  return jnp.moveaxis(y, -1, axis).astype(x.dtype)
+  w = jnp.broadcast_to(jnp.asarray(w, _validation.compute_dtype(x.dtype)), x.shape)
+  return _permutahedron(x, w, l=l, p=p, regularizer=regularizer, axis=axis, like=x)
 
 
 def _ranks_vector(n, dtype):
@@ -165,12 +207,8 @@ def soft_rank(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
   with ``regularization_strength = l``. Monotone in ``x``. O(n log n).
   """
   x = _validation.as_float_input(x)
-  axis = _validation.canonicalize_axis(axis, x.ndim)
-  n = x.shape[axis]
-  w = jnp.moveaxis(jnp.broadcast_to(_ranks_vector(n, x.dtype), jnp.moveaxis(x, axis, -1).shape),
-                   -1, axis)
-  return permutahedron_argmax(-x if descending else x, w, l=l, p=p, regularizer=regularizer,
-                              axis=axis)
+  return _permutahedron(-x if descending else x, None, l=l, p=p, regularizer=regularizer,
+                        axis=axis, like=x)
 
 
 def soft_sort(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
@@ -190,9 +228,9 @@ def soft_sort(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
   if topk is not None:
     _validation.check_k(topk, n, integer=True, allow_n=True, name="topk")
   moved = jnp.moveaxis(x, axis, -1)
-  ranks = jnp.broadcast_to(_ranks_vector(n, x.dtype), moved.shape)
   sign = 1.0 if descending else -1.0
-  y = sign * permutahedron_argmax(ranks, sign * moved, l=l, p=p, regularizer=regularizer)
+  y = sign * _permutahedron(None, sign * moved, l=l, p=p, regularizer=regularizer, axis=-1,
+                            like=moved)
   if topk is not None:
     y = y[..., :topk] if descending else y[..., n - topk:]
   return jnp.moveaxis(y, -1, axis)

@@ -143,6 +143,81 @@ def test_gradients_pass_check_grads(name, options):
   check_grads(g, (0.4,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
+def _kernels():
+  from implicit_topk.solvers import host
+  return host.kernels()
+
+
+@pytest.mark.parametrize("p", [2.0, 4 / 3, 3.0, "exp"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_block_structure_matches_isotonic_pav_on_the_sorted_rows(p, dtype):
+  # The host's sort + PAV + block ids against the plain PAV kernel (tested on its own)
+  # run on rows sorted by numpy, with blocks = runs of equal values.
+  kernels = _kernels()
+  rng = np.random.default_rng(11)
+  x = np.round(rng.normal(size=(6, 40)), 1).astype(dtype)  # ties
+  w = (np.abs(np.round(rng.normal(size=(6, 40)), 1)) + 0.1).astype(dtype)
+  x[4, 7] = np.nan
+  l = np.array([0.05, 0.3, 1.0, 3.0, 1.0, 30.0])
+  values, ids, x_order, x_inverse, w_order = kernels.permutahedron_blocks(x, w, l, p)
+  s = np.take_along_axis(x, x_order, -1)
+  w_sorted = np.take_along_axis(w, w_order, -1)
+  np.testing.assert_array_equal(s[[0, 1, 2, 3, 5]], -np.sort(-x[[0, 1, 2, 3, 5]], axis=-1))
+  np.testing.assert_array_equal(w_sorted, -np.sort(-w, axis=-1))
+  np.testing.assert_array_equal(np.take_along_axis(x_order, x_inverse, -1),
+                                np.broadcast_to(np.arange(40), x.shape))
+  v = kernels.isotonic_pav(s, w_sorted, l, p)
+  new_block = np.concatenate([np.ones((6, 1), bool), v[:, 1:] != v[:, :-1]], axis=1)
+  new_block |= np.isnan(v)
+  np.testing.assert_array_equal(ids, np.cumsum(new_block, axis=1) - 1)
+  np.testing.assert_array_equal(np.take_along_axis(values, ids, -1), v.astype(dtype))
+  assert np.all(values[np.arange(40) > ids[:, -1:]] == 0)
+  # already-sorted inputs (soft sort: x = the ranks, shared by every row)
+  ranks = np.arange(40, 0, -1, dtype=dtype)
+  values2, ids2, no_order, no_inverse, w_order2 = kernels.permutahedron_blocks(
+      ranks, w, l, p, sort_x=False)
+  assert no_order is None and no_inverse is None
+  v2 = kernels.isotonic_pav(np.broadcast_to(ranks, w.shape), w_sorted, l, p)
+  np.testing.assert_array_equal(np.take_along_axis(values2, ids2, -1), v2.astype(dtype))
+
+
+@pytest.mark.parametrize("name,options", REGULARIZERS)
+def test_gradients_with_ties_match_finite_differences(name, options):
+  # Where tied entries share a PAV block (asserted) the LP is smooth: the implicit
+  # derivatives through the block conditions must match finite differences (float64).
+  # (Soft sort: tied values in separate blocks are order statistics, with a kink; the
+  # test takes the first strength in a list at which they share blocks.)
+  kernels = _kernels()
+  x = jnp.asarray(np.round(2 * np.random.default_rng(12).normal(size=(3, 12))) / 2)
+  w = _rows(13, (3, 12))
+  p = "exp" if name == "entropy" else options["p"]
+  ranks = np.arange(12, 0, -1, dtype=np.float64)
+  generator = np.linspace(3.0, 0.5, 12)
+
+  def blocks(kind, point, l):
+    if kind == "sort":  # x = the ranks, w = the values
+      _, ids, _, _, order = kernels.permutahedron_blocks(ranks, point, np.full(3, l), p,
+                                                         sort_x=False)
+    else:
+      _, ids, order, _, _ = kernels.permutahedron_blocks(
+          point, ranks if kind == "rank" else generator, np.full(3, l), p, sort_w=False)
+    tied = np.take_along_axis(point, order, -1)
+    same = tied[:, 1:] == tied[:, :-1]
+    return same.any() and bool(np.all(ids[:, 1:][same] == ids[:, :-1][same]))
+
+  positive = np.asarray(x) + 3.0  # > 0: the entropy's soft sort needs positive values
+  l_sort = next(l for l in (2.0, 8.0, 32.0, 128.0) if blocks("sort", positive, l))
+  cases = [(lambda x: perm.soft_rank(x, l=0.7, **options), np.asarray(x), "rank", 0.7),
+           (lambda x: perm.soft_sort(x, l=l_sort, **options), positive, "sort", l_sort),
+           (lambda x: perm.permutahedron_argmax(x, jnp.asarray(generator), l=0.7, **options),
+            np.asarray(x), "argmax", 0.7)]
+  for op, point, kind, l in cases:
+    assert blocks(kind, point, l), kind
+    f = lambda x, op=op: jnp.sum(w * op(x))
+    check_grads(f, (jnp.asarray(point),), order=1, modes=("fwd", "rev"), atol=1e-6,
+                rtol=1e-6, eps=1e-6)
+
+
 def test_backward_has_no_quadratic_intermediate():
   n = 512
   x, w = _rows(4, (n,)), _rows(5, (n,))

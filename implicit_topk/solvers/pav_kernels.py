@@ -72,7 +72,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["isotonic_pav", "capped_simplex_threshold", "magnitude_threshold"]
+__all__ = ["isotonic_pav", "permutahedron_blocks", "capped_simplex_threshold",
+           "magnitude_threshold"]
 
 _EPS = np.finfo(np.float64).eps
 _MAXIT = 200  # iteration cap for the safeguarded Newton/bisection solver
@@ -601,6 +602,103 @@ def _iso_batch_link(s, w, l, a, pm1, out):
 
 
 # ----------------------------------------------------------------------------
+# permutahedron_blocks: gather the sorted row, PAV, block ids (one pass per row)
+# ----------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _perm_row(solve, x, xo, w, wo, l, a, pm1, polish_steps, stats, values, ids, inverse,
+              singleton=None, link=0):
+    """One row of :func:`permutahedron_blocks`.
+
+    ``s = x[xo]`` and ``w[wo]`` (``xo``/``wo`` of length 0: the row is already in
+    order) are gathered into float64 work rows, PAV runs on them, and the block
+    structure is written out: ``ids[i]`` = the block of sorted position ``i``
+    (blocks are runs of consecutive positions; adjacent PAV blocks with equal
+    values are one block: the merged block condition holds too), ``values[j]`` =
+    the value of block ``j`` (0 past the last block), ``inverse`` = the inverse
+    permutation of ``xo`` (if ``xo`` is given).  A row with a non-finite entry or
+    ``l`` not in (0, inf) gets NaN values and one block per position.
+    """
+    n = x.shape[0]
+    s = np.empty(n)
+    ws = np.empty(n)
+    if xo.shape[0] == 0:
+        for i in range(n):
+            s[i] = x[i]
+    else:
+        for i in range(n):
+            k = xo[i]
+            s[i] = x[k]
+            inverse[k] = i
+    if wo.shape[0] == 0:
+        for i in range(n):
+            ws[i] = w[i]
+    else:
+        for i in range(n):
+            ws[i] = w[wo[i]]
+    ok = l > 0.0 and l < np.inf
+    for i in range(n):
+        if not (np.isfinite(s[i]) and np.isfinite(ws[i])):
+            ok = False
+    if not ok:
+        for i in range(n):
+            values[i] = np.nan
+            ids[i] = i
+        return
+    nb, bstart, bv = _pav_blocks(solve, s, ws, l, a, pm1, polish_steps, stats, singleton,
+                                 link)
+    k = -1
+    prev = 0.0
+    for j in range(nb):
+        if k < 0 or bv[j] != prev:  # compared in float64, before any rounding
+            k += 1
+            prev = bv[j]
+            values[k] = prev
+        i1 = bstart[j + 1] if j + 1 < nb else n
+        for i in range(bstart[j], i1):
+            ids[i] = k
+    for j in range(k + 1, n):
+        values[j] = 0.0
+
+
+@njit(cache=True, parallel=True)
+def _perm_batch_p2(x, xo, w, wo, l, a, pm1, values, ids, inverse):
+    xs = 1 if x.shape[0] > 1 else 0
+    ws = 1 if w.shape[0] > 1 else 0
+    for b in prange(l.shape[0]):
+        _perm_row(_solve_p2, x[b * xs], xo[b * xs], w[b * ws], wo[b * ws], l[b], a, pm1, 1, 0,
+                  values[b], ids[b], inverse[b])
+
+
+@njit(cache=True, parallel=True)
+def _perm_batch_cubic(x, xo, w, wo, l, a, pm1, values, ids, inverse):
+    xs = 1 if x.shape[0] > 1 else 0
+    ws = 1 if w.shape[0] > 1 else 0
+    for b in prange(l.shape[0]):
+        _perm_row(_solve_cubic, x[b * xs], xo[b * xs], w[b * ws], wo[b * ws], l[b], a, pm1, 3, 3,
+                  values[b], ids[b], inverse[b])
+
+
+@njit(cache=True, parallel=True)
+def _perm_batch_general(x, xo, w, wo, l, a, pm1, values, ids, inverse):
+    xs = 1 if x.shape[0] > 1 else 0
+    ws = 1 if w.shape[0] > 1 else 0
+    for b in prange(l.shape[0]):
+        _perm_row(_solve_general, x[b * xs], xo[b * xs], w[b * ws], wo[b * ws], l[b], a, pm1, 0, 0,
+                  values[b], ids[b], inverse[b])
+
+
+@njit(cache=True, parallel=True)
+def _perm_batch_exp(x, xo, w, wo, l, a, pm1, values, ids, inverse):
+    xs = 1 if x.shape[0] > 1 else 0
+    ws = 1 if w.shape[0] > 1 else 0
+    for b in prange(l.shape[0]):
+        _perm_row(_solve_exp, x[b * xs], xo[b * xs], w[b * ws], wo[b * ws], l[b], a, pm1, 0, 2,
+                  values[b], ids[b], inverse[b], _link_singleton, 1)
+
+
+# ----------------------------------------------------------------------------
 # capped_simplex_threshold: generic row + one cached parallel wrapper per solver
 # ----------------------------------------------------------------------------
 
@@ -750,6 +848,8 @@ def _select(p):
 _ISO = {"p2": _iso_batch_p2, "cubic": _iso_batch_cubic,
         "general": _iso_batch_general, "exp": _iso_batch_exp,
         "link": _iso_batch_link}
+_PERM = {"p2": _perm_batch_p2, "cubic": _perm_batch_cubic,
+         "general": _perm_batch_general, "exp": _perm_batch_exp}
 _CAP = {"p2": _cap_batch_p2, "cubic": _cap_batch_cubic,
         "general": _cap_batch_general, "exp": _cap_batch_exp,
         "link": _cap_batch_link}
@@ -807,6 +907,74 @@ def isotonic_pav(s, w, l, p):
     if B > 0 and n > 0:
         _ISO[kind](s64, w64, l64, a, pm1, out)
     return out[0] if squeeze else out
+
+
+def _descending_order(x):
+    """Row-wise argsort, descending (int32); numpy's sort is several times faster
+    than numba's.  The order among ties is irrelevant: tied entries get equal
+    outputs (the solution is unique and symmetric in them)."""
+    order = np.argsort(x, axis=-1)[:, ::-1]
+    return np.ascontiguousarray(order, dtype=np.int32)
+
+
+def permutahedron_blocks(x, w, l, p, *, sort_x=True, sort_w=True, dtype=None):
+    """Sorts the rows of ``x`` and ``w`` descending and solves the isotonic dual by PAV.
+
+    The permutahedron LP ``argmax_{y in P(w)} <x, y> - l Omega(y)`` in block form
+    (:func:`isotonic_pav`'s problem with ``s = sort(x)`` and ``w = sort(w)``, both
+    descending), in one pass per row: gather, PAV, block ids.
+
+    Parameters
+    ----------
+    x : (B, n) or (1, n) float array (one row shared by all); with ``sort_x=False``
+        already nonincreasing per row.
+    w : (B, n) or (1, n) float array; with ``sort_w=False`` already nonincreasing.
+    l : (B,) array of regularization strengths (> 0); B is its length.
+    p : as in :func:`isotonic_pav` (a p-norm exponent, or ``"exp"``).
+    dtype : dtype of the returned block values (default: x's).
+
+    Returns
+    -------
+    values : (B, n) block values, 0 past each row's last block.
+    ids : (B, n) int32, the block of each *sorted* position (nondecreasing, from 0).
+    x_order, x_inverse : int32, x's shape: the descending order of ``x`` and its
+        inverse permutation (None when ``sort_x=False``).
+    w_order : int32, w's shape: the descending order of ``w`` (None when
+        ``sort_w=False``).
+    Rows with a non-finite entry (or ``l`` not in (0, inf)) get NaN values and one
+    block per position.
+    """
+    kind, a, pm1 = _select(p)
+    if kind == "link":
+        raise ValueError("permutahedron_blocks supports the p-norms and 'exp'")
+    l64 = np.ascontiguousarray(np.asarray(l, dtype=np.float64).reshape(-1))
+    B = l64.shape[0]
+    rows = []
+    for name, arr in (("x", x), ("w", w)):
+        arr = np.asarray(arr)
+        if arr.dtype not in (np.float32, np.float64):
+            arr = arr.astype(np.float64)
+        arr = np.ascontiguousarray(np.atleast_2d(arr))
+        if arr.ndim != 2 or arr.shape[0] not in (1, B):
+            raise ValueError(f"{name} must have shape (n,), (1, n) or ({B}, n); got {arr.shape}")
+        rows.append(arr)
+    x, w = rows
+    if sort_x and x.shape[0] != B:  # one inverse permutation per row
+        x = np.ascontiguousarray(np.broadcast_to(x, (B, x.shape[1])))
+    n = x.shape[1]
+    if w.shape[1] != n:
+        raise ValueError(f"x and w rows differ in length: {x.shape} and {w.shape}")
+    values = np.empty((B, n), dtype=x.dtype if dtype is None else np.dtype(dtype))
+    ids = np.empty((B, n), dtype=np.int32)
+    x_order = _descending_order(x) if sort_x else None
+    w_order = _descending_order(w) if sort_w else None
+    x_inverse = np.empty(x.shape, dtype=np.int32) if sort_x else None
+    if B > 0 and n > 0:
+        empty = np.empty((B, 0), dtype=np.int32)
+        _PERM[kind](x, empty if x_order is None else x_order,
+                    w, empty if w_order is None else w_order, l64, a, pm1,
+                    values, ids, empty if x_inverse is None else x_inverse)
+    return values, ids, x_order, x_inverse, w_order
 
 
 def capped_simplex_threshold(x, k, l, p):
