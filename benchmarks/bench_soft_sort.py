@@ -10,8 +10,10 @@ rounds:
   PAV on the host, implicit derivatives), under ``jax.jit(jax.value_and_grad)``;
 * ``torchsort.soft_sort`` / ``soft_rank`` (``regularization="l2"``,
   ``regularization_strength = 1``: the same operators, checked below to agree to
-  rounding), ``y = op(x); (w * y).sum().backward()``; skipped if torchsort is not
-  installed (the ``peers`` extra);
+  rounding), ``y = op(x); (w * y).sum().backward()``, with torch's default thread
+  count and with one thread; skipped if torchsort is not installed (the ``peers``
+  extra: install torch first, then ``pip install --no-build-isolation torchsort``;
+  without a CUDA toolkit on the PATH it builds the CPU extension only);
 * ``implicit_topk.soft_topk_values`` vs ``ott.tools.soft_sort.sort(x, topk=k)``
   (``k = n / 100``; entropic optimal transport, Sinkhorn, differentiated by
   unrolling: ``implicit_diff=None``, its implicit differentiation fails on current
@@ -58,7 +60,9 @@ def ours(kind, x, w, k):
   return _jax_timer(ops[kind], jnp.asarray(x), jnp.asarray(w))
 
 
-def torchsort_timer(kind, x, w, k):
+def torchsort_timer(kind, x, w, k, threads=None):
+  """``threads``: torch's (OpenMP) thread count during the call; None: its default.
+  (torchsort's OpenMP loop spin-waits: on a loaded machine one thread can be faster.)"""
   del k
   import torch
   import torchsort
@@ -68,10 +72,16 @@ def torchsort_timer(kind, x, w, k):
   wt = torch.tensor(w)
 
   def run():
-    xt.grad = None
-    y = op(xt, regularization="l2", regularization_strength=L)
-    (wt * y).sum().backward()
-    return xt.grad
+    default = torch.get_num_threads()
+    if threads is not None:
+      torch.set_num_threads(threads)
+    try:
+      xt.grad = None
+      y = op(xt, regularization="l2", regularization_strength=L)
+      (wt * y).sum().backward()
+      return xt.grad
+    finally:
+      torch.set_num_threads(default)
 
   return run
 
@@ -88,8 +98,10 @@ def ott_timer(kind, x, w, k):
 CONTENDERS = {
     ("soft_sort", "implicit_topk"): lambda *a: ours("sort", *a),
     ("soft_sort", "torchsort"): lambda *a: torchsort_timer("sort", *a),
+    ("soft_sort", "torchsort 1 thread"): lambda *a: torchsort_timer("sort", *a, threads=1),
     ("soft_rank", "implicit_topk"): lambda *a: ours("rank", *a),
     ("soft_rank", "torchsort"): lambda *a: torchsort_timer("rank", *a),
+    ("soft_rank", "torchsort 1 thread"): lambda *a: torchsort_timer("rank", *a, threads=1),
     ("soft_topk_values", "implicit_topk"): lambda *a: ours("topk", *a),
     ("soft_topk_values", "ott-jax"): lambda *a: ott_timer("topk", *a),
 }
@@ -196,7 +208,7 @@ def main(argv=None):
       for (op, contender), build in CONTENDERS.items():
         if op != operator:
           continue
-        if contender == "torchsort" and not have_torchsort:
+        if contender.startswith("torchsort") and not have_torchsort:
           continue
         if contender == "ott-jax" and b * n > opts.ott_max_size:
           status[contender] = f"skipped (b * n > --ott-max-size {opts.ott_max_size:g})"
@@ -216,7 +228,7 @@ def main(argv=None):
                         "k": k if operator == "soft_topk_values" else None, "seconds": s,
                         "status": f"{1e3 * s:.2f} ms" if s is not None else status[contender],
                         "load_before": load_before, "load_after": load_after})
-        print(f"{operator:>16s} b={b:>3d} n={n:>7d} {contender:>14s}: {records[-1]['status']:>12s}"
+        print(f"{operator:>16s} b={b:>3d} n={n:>7d} {contender:>18s}: {records[-1]['status']:>12s}"
               f"   load {load_before[0]:.2f} -> {load_after[0]:.2f}", flush=True)
   os.makedirs(opts.out, exist_ok=True)
   stem = os.path.join(opts.out, f"{jax.default_backend()}_soft_sort")

@@ -606,13 +606,84 @@ def _iso_batch_link(s, w, l, a, pm1, out):
 # ----------------------------------------------------------------------------
 
 
+_U64_SIGN = np.uint64(1 << 63)
+_U64_LOW63 = np.uint64((1 << 63) - 1)
+_U64_BYTE = np.uint64(255)
+
+
+@njit(cache=True)
+def _argsort_descending(x, order):
+    """Writes the descending order of the row ``x`` into ``order`` (int32): LSD
+    radix sort, 8-bit digits, on the float64 bit patterns mapped to unsigned keys
+    whose ascending order is x's descending order (a few times faster than numpy's
+    argsort; digits on which every key agrees, e.g. float32's low mantissa bytes,
+    are skipped).  Stable; the order of NaNs is unspecified."""
+    n = x.shape[0]
+    f = np.empty(n)
+    for i in range(n):
+        f[i] = x[i]
+    keys = f.view(np.uint64)
+    hist = np.zeros((8, 256), dtype=np.int64)
+    for i in range(n):
+        u = keys[i]
+        if u & _U64_SIGN:  # negative: larger |x| sorts later, bits as they are
+            k = u
+        else:  # nonnegative: before every negative, larger first
+            k = (~u) & _U64_LOW63
+        keys[i] = k
+        for d in range(8):
+            hist[d, (k >> np.uint64(8 * d)) & _U64_BYTE] += 1
+    src_k = keys
+    src_i = order
+    for i in range(n):
+        order[i] = i
+    dst_k = np.empty(n, dtype=np.uint64)
+    dst_i = np.empty(n, dtype=np.int32)
+    offset = np.empty(256, dtype=np.int64)
+    passes = 0
+    for d in range(8):
+        skip = False
+        total = 0
+        for b in range(256):
+            c = hist[d, b]
+            if c == n:
+                skip = True
+                break
+            offset[b] = total
+            total += c
+        if skip:
+            continue
+        shift = np.uint64(8 * d)
+        for i in range(n):
+            k = src_k[i]
+            b = (k >> shift) & _U64_BYTE
+            pos = offset[b]
+            offset[b] = pos + 1
+            dst_k[pos] = k
+            dst_i[pos] = src_i[i]
+        src_k, dst_k = dst_k, src_k
+        src_i, dst_i = dst_i, src_i
+        passes += 1
+    if passes % 2 == 1:  # the result is in the scratch buffer
+        for i in range(n):
+            order[i] = src_i[i]
+
+
+@njit(cache=True)
+def _p2_singleton(s, i, w, l, a, pm1):
+    """One-element block for p = 2: ``s - l w`` (:func:`_singleton_value` with
+    p - 1 = 1, without its ``pow``: the same value)."""
+    return s[i] - l * w
+
+
 @njit(cache=True, inline="always")
-def _perm_row(solve, x, xo, w, wo, l, a, pm1, polish_steps, stats, values, ids, inverse,
-              singleton=None, link=0):
+def _perm_row(solve, x, xo, sort_x, w, wo, sort_w, l, a, pm1, polish_steps, stats, values,
+              ids, inverse, singleton=None, link=0):
     """One row of :func:`permutahedron_blocks`.
 
-    ``s = x[xo]`` and ``w[wo]`` (``xo``/``wo`` of length 0: the row is already in
-    order) are gathered into float64 work rows, PAV runs on them, and the block
+    With ``sort_x``/``sort_w`` the descending orders are first written to
+    ``xo``/``wo``.  ``s = x[xo]`` and ``w[wo]`` (``xo``/``wo`` of length 0: the row
+    is already in order) are gathered into float64 work rows, PAV runs on them, and the block
     structure is written out: ``ids[i]`` = the block of sorted position ``i``
     (blocks are runs of consecutive positions; adjacent PAV blocks with equal
     values are one block: the merged block condition holds too), ``values[j]`` =
@@ -623,6 +694,10 @@ def _perm_row(solve, x, xo, w, wo, l, a, pm1, polish_steps, stats, values, ids, 
     n = x.shape[0]
     s = np.empty(n)
     ws = np.empty(n)
+    if sort_x:
+        _argsort_descending(x, xo)
+    if sort_w:
+        _argsort_descending(w, wo)
     if xo.shape[0] == 0:
         for i in range(n):
             s[i] = x[i]
@@ -663,39 +738,43 @@ def _perm_row(solve, x, xo, w, wo, l, a, pm1, polish_steps, stats, values, ids, 
 
 
 @njit(cache=True, parallel=True)
-def _perm_batch_p2(x, xo, w, wo, l, a, pm1, values, ids, inverse):
+def _perm_batch_p2(x, xo, sort_x, w, wo, sort_w, l, a, pm1, values, ids, inverse):
     xs = 1 if x.shape[0] > 1 else 0
     ws = 1 if w.shape[0] > 1 else 0
     for b in prange(l.shape[0]):
-        _perm_row(_solve_p2, x[b * xs], xo[b * xs], w[b * ws], wo[b * ws], l[b], a, pm1, 1, 0,
-                  values[b], ids[b], inverse[b])
+        _perm_row(_solve_p2, x[b * xs], xo[b * xs], sort_x, w[b * ws], wo[b * ws], sort_w,
+                  l[b], a, pm1, 1, 0,
+                  values[b], ids[b], inverse[b * xs], _p2_singleton)
 
 
 @njit(cache=True, parallel=True)
-def _perm_batch_cubic(x, xo, w, wo, l, a, pm1, values, ids, inverse):
+def _perm_batch_cubic(x, xo, sort_x, w, wo, sort_w, l, a, pm1, values, ids, inverse):
     xs = 1 if x.shape[0] > 1 else 0
     ws = 1 if w.shape[0] > 1 else 0
     for b in prange(l.shape[0]):
-        _perm_row(_solve_cubic, x[b * xs], xo[b * xs], w[b * ws], wo[b * ws], l[b], a, pm1, 3, 3,
-                  values[b], ids[b], inverse[b])
+        _perm_row(_solve_cubic, x[b * xs], xo[b * xs], sort_x, w[b * ws], wo[b * ws], sort_w,
+                  l[b], a, pm1, 3, 3,
+                  values[b], ids[b], inverse[b * xs])
 
 
 @njit(cache=True, parallel=True)
-def _perm_batch_general(x, xo, w, wo, l, a, pm1, values, ids, inverse):
+def _perm_batch_general(x, xo, sort_x, w, wo, sort_w, l, a, pm1, values, ids, inverse):
     xs = 1 if x.shape[0] > 1 else 0
     ws = 1 if w.shape[0] > 1 else 0
     for b in prange(l.shape[0]):
-        _perm_row(_solve_general, x[b * xs], xo[b * xs], w[b * ws], wo[b * ws], l[b], a, pm1, 0, 0,
-                  values[b], ids[b], inverse[b])
+        _perm_row(_solve_general, x[b * xs], xo[b * xs], sort_x, w[b * ws], wo[b * ws], sort_w,
+                  l[b], a, pm1, 0, 0,
+                  values[b], ids[b], inverse[b * xs])
 
 
 @njit(cache=True, parallel=True)
-def _perm_batch_exp(x, xo, w, wo, l, a, pm1, values, ids, inverse):
+def _perm_batch_exp(x, xo, sort_x, w, wo, sort_w, l, a, pm1, values, ids, inverse):
     xs = 1 if x.shape[0] > 1 else 0
     ws = 1 if w.shape[0] > 1 else 0
     for b in prange(l.shape[0]):
-        _perm_row(_solve_exp, x[b * xs], xo[b * xs], w[b * ws], wo[b * ws], l[b], a, pm1, 0, 2,
-                  values[b], ids[b], inverse[b], _link_singleton, 1)
+        _perm_row(_solve_exp, x[b * xs], xo[b * xs], sort_x, w[b * ws], wo[b * ws], sort_w,
+                  l[b], a, pm1, 0, 2,
+                  values[b], ids[b], inverse[b * xs], _link_singleton, 1)
 
 
 # ----------------------------------------------------------------------------
@@ -909,14 +988,6 @@ def isotonic_pav(s, w, l, p):
     return out[0] if squeeze else out
 
 
-def _descending_order(x):
-    """Row-wise argsort, descending (int32); numpy's sort is several times faster
-    than numba's.  The order among ties is irrelevant: tied entries get equal
-    outputs (the solution is unique and symmetric in them)."""
-    order = np.argsort(x, axis=-1)[:, ::-1]
-    return np.ascontiguousarray(order, dtype=np.int32)
-
-
 def permutahedron_blocks(x, w, l, p, *, sort_x=True, sort_w=True, dtype=None):
     """Sorts the rows of ``x`` and ``w`` descending and solves the isotonic dual by PAV.
 
@@ -959,20 +1030,22 @@ def permutahedron_blocks(x, w, l, p, *, sort_x=True, sort_w=True, dtype=None):
             raise ValueError(f"{name} must have shape (n,), (1, n) or ({B}, n); got {arr.shape}")
         rows.append(arr)
     x, w = rows
-    if sort_x and x.shape[0] != B:  # one inverse permutation per row
+    if sort_x and x.shape[0] != B:  # each row sorted (and inverted) by its own thread
         x = np.ascontiguousarray(np.broadcast_to(x, (B, x.shape[1])))
+    if sort_w and w.shape[0] != B:
+        w = np.ascontiguousarray(np.broadcast_to(w, (B, w.shape[1])))
     n = x.shape[1]
     if w.shape[1] != n:
         raise ValueError(f"x and w rows differ in length: {x.shape} and {w.shape}")
     values = np.empty((B, n), dtype=x.dtype if dtype is None else np.dtype(dtype))
     ids = np.empty((B, n), dtype=np.int32)
-    x_order = _descending_order(x) if sort_x else None
-    w_order = _descending_order(w) if sort_w else None
+    empty = np.empty((B, 0), dtype=np.int32)
+    x_order = np.empty(x.shape, dtype=np.int32) if sort_x else None
+    w_order = np.empty(w.shape, dtype=np.int32) if sort_w else None
     x_inverse = np.empty(x.shape, dtype=np.int32) if sort_x else None
     if B > 0 and n > 0:
-        empty = np.empty((B, 0), dtype=np.int32)
-        _PERM[kind](x, empty if x_order is None else x_order,
-                    w, empty if w_order is None else w_order, l64, a, pm1,
+        _PERM[kind](x, empty if x_order is None else x_order, sort_x,
+                    w, empty if w_order is None else w_order, sort_w, l64, a, pm1,
                     values, ids, empty if x_inverse is None else x_inverse)
     return values, ids, x_order, x_inverse, w_order
 
