@@ -260,6 +260,16 @@ def _fmt_ratio(r):
   return f"{r:.0f}x" if r >= 100 else (f"{r:.1f}x" if r >= 10 else f"{r:.2f}x")
 
 
+def _contender_names(cells):
+  """The soft contenders in order of first appearance."""
+  names = []
+  for c in cells:
+    for r in c["records"]:
+      if r["contender"] != HARD and r["contender"] not in names:
+        names.append(r["contender"])
+  return names
+
+
 def _cell_text(rec, default_marks=True):
   if rec is None:
     return ""
@@ -281,11 +291,7 @@ def _cell_text(rec, default_marks=True):
 def markdown(result):
   meta = result["meta"]
   cells = result["cells"]
-  names = []
-  for c in cells:
-    for r in c["records"]:
-      if r["contender"] != HARD and r["contender"] not in names:
-        names.append(r["contender"])
+  names = _contender_names(cells)
   lines = [
       f"# implicit_topk benchmark matrix — backend `{meta['backend']}`",
       "",
@@ -337,11 +343,7 @@ def plot(result, path_png):
   import matplotlib.pyplot as plt
 
   cells = result["cells"]
-  names = []
-  for c in cells:
-    for r in c["records"]:
-      if r["contender"] != HARD and r["contender"] not in names:
-        names.append(r["contender"])
+  names = _contender_names(cells)
   fig, ax = plt.subplots(figsize=(max(9, 0.55 * len(cells) + 5), 5.5))
   markers = "os^vD<>px*"
   xs = np.arange(len(cells))

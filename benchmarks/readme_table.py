@@ -23,23 +23,10 @@ import sys
 
 START = "<!-- bench-matrix:start -->"
 END = "<!-- bench-matrix:end -->"
+from bench_topk import _fmt_ms, _fmt_ratio  # noqa: E402  (the script's folder is on sys.path)
+
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                             "cpu_matrix.json")
-
-
-def _fmt_ms(s):
-  ms = s * 1e3
-  if ms >= 100:
-    return f"{ms:.0f}"
-  if ms >= 10:
-    return f"{ms:.1f}"
-  if ms >= 1:
-    return f"{ms:.2f}"
-  return f"{ms:.3f}"
-
-
-def _fmt_ratio(r):
-  return f"{r:.0f}x" if r >= 100 else (f"{r:.1f}x" if r >= 10 else f"{r:.2f}x")
 
 
 def _entry(rec, bold_above=None):
