@@ -65,13 +65,29 @@ def test_eager_calls_compile_once(operator):
 
 
 @pytest.mark.parametrize("kwargs", [dict(diff="unrolled"), dict(maxiter=20)])
-def test_auto_takes_iterative_options_on_every_backend(kwargs):
+def test_auto_takes_iterative_options_on_every_backend(kwargs, monkeypatch):
+  problem = problems.CappedSimplex(itk.PNorm())
   for backend in ("cpu", "gpu", "tpu"):
-    name = solvers.resolve_solver_name("auto", problems.CappedSimplex(itk.PNorm()), **kwargs)
-    assert name == "threshold", backend
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    big = 1 << 20
+    # Without the options, auto would pick PAV for a large input on CPU ...
+    assert solvers.resolve_solver_name("auto", problem, size=big) == (
+        "pav" if backend == "cpu" else "threshold")
+    # ... with them, the iterative pure-JAX solver on every backend.
+    assert solvers.resolve_solver_name("auto", problem, size=big, **kwargs) == "threshold"
+  monkeypatch.undo()
   x = jnp.linspace(-1.0, 1.0, 9)
   y = itk.soft_topk_mask(x, 2.5, l=0.5, **kwargs)
   np.testing.assert_allclose(float(jnp.sum(y)), 2.5, rtol=1e-5)
+
+
+def test_auto_rule_follows_size_and_regularizer():
+  pnorm, entropy = problems.CappedSimplex(itk.PNorm(2.0)), problems.CappedSimplex(itk.Entropy())
+  assert solvers.auto_solver_name(pnorm, size=solvers.PAV_MIN_SIZE, backend="cpu") == "pav"
+  assert solvers.auto_solver_name(pnorm, size=solvers.PAV_MIN_SIZE - 1, backend="cpu") == "threshold"
+  assert solvers.auto_solver_name(pnorm, size=None, backend="gpu") == "threshold"
+  assert solvers.auto_solver_name(entropy, size=1 << 20, backend="cpu") == "threshold"
+  assert solvers.auto_solver_name(problems.Magnitude(4.0 / 3.0), size=1 << 20, backend="cpu") == "pav"
 
 
 def test_auto_refuses_tol_on_every_backend():
