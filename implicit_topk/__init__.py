@@ -5,7 +5,7 @@ and the permutahedron, solved exactly (numba PAV, a pure-JAX threshold Newton) o
 approximately (Dykstra), and differentiated implicitly.
 """
 
-from implicit_topk import baselines, losses
+from implicit_topk import baselines, losses, problems
 from implicit_topk.hard import hard_topk_mag, hard_topk_mask
 from implicit_topk.losses import (smooth_topk_svm_loss, soft_error_loss, topk_cross_entropy,
                                   topk_fenchel_young_loss)
@@ -25,7 +25,7 @@ __all__ = [
     "soft_sort", "soft_rank", "soft_quantile", "soft_topk_values", "permutahedron_argmax",
     "grad_topk", "iterative_softmax_topk", "sparse_softmax",
     "topk_cross_entropy", "topk_fenchel_young_loss", "smooth_topk_svm_loss", "soft_error_loss",
-    "losses", "baselines",
+    "losses", "baselines", "problems",
     "Regularizer", "PNorm", "Entropy", "BinaryEntropy", "Laplace",
     "PAVSolver", "ThresholdSolver", "DykstraSolver", "OptStep", "RootState",
 ]
