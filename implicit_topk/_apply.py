@@ -8,7 +8,6 @@ calls with the same shapes and options do not trace or compile again.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax

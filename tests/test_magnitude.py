@@ -24,7 +24,7 @@ from scipy import optimize
 
 import implicit_topk as itk
 from implicit_topk import compat
-from implicit_topk import magnitude, problems
+from implicit_topk import problems
 
 jax.config.update("jax_enable_x64", True)
 
