@@ -76,7 +76,8 @@ def check_protocol(regularizer) -> None:
   """Raises ``TypeError`` naming what ``regularizer`` lacks for the threshold solvers."""
   missing = [name for name in ("mask", "saturation") if not hasattr(regularizer, name)]
   if missing:
-    raise TypeError(f"`regularizer` must provide {missing} (see implicit_topk.regularizers); "
+    named = ", ".join(f"`{name}`" for name in missing)
+    raise TypeError(f"`regularizer` must provide {named} (see implicit_topk.regularizers); "
                     f"got {regularizer!r}.")
   z0, z1 = regularizer.saturation
   if not (z0 < z1):

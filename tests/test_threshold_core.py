@@ -127,7 +127,7 @@ class _Custom:
 
 
 def test_user_regularizers_work_or_say_what_they_lack():
-  with pytest.raises(TypeError, match=r"must provide \['mask'\]"):
+  with pytest.raises(TypeError, match=r"must provide `mask` \(see"):
     itk.soft_topk_mask(jnp.ones(4), 2.0, regularizer=_NoMask())
   with pytest.raises(ValueError, match="declaring `pav_kind`"):
     itk.soft_topk_mask(jnp.ones(4), 2.0, regularizer=_Custom(), solver="pav")
