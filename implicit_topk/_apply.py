@@ -37,7 +37,7 @@ def apply_on_axis(fn: Callable, x, axis: int, *, name: str = "x"):
 
 def input_size(x) -> int:
   """The number of entries of ``x`` (an array, tracer or nested list)."""
-  return int(np.size(x)) if not hasattr(x, "size") else int(x.size)
+  return int(np.size(x))
 
 
 def _solve_rows(x, k, l, *, solver, axis, return_info):
