@@ -25,6 +25,7 @@ NAMES = [
     "magnitude_threshold",
     "grad_topk",
     "sparse_softmax",
+    "fenchel_young",
 ]
 
 
