@@ -8,7 +8,6 @@ checked: some soft mask shown is fractional and every gradient shown is non-zero
 the example cannot drift back to a hard mask with zero gradients.
 """
 
-import ast
 import io
 import json
 import os
