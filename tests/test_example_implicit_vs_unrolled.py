@@ -5,6 +5,8 @@ import runpy
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "implicit_vs_unrolled.py"
 
 

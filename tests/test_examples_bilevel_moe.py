@@ -10,6 +10,8 @@ import pytest
 pytest.importorskip("sklearn")
 pytest.importorskip("jaxopt")
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 

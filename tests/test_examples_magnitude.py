@@ -8,6 +8,8 @@ import pytest
 
 pytest.importorskip("sklearn")
 
+pytestmark = pytest.mark.slow
+
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "magnitude_pruning.py"
 
 

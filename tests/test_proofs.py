@@ -11,6 +11,8 @@ import runpy
 import jax
 import pytest
 
+pytestmark = pytest.mark.slow
+
 jax.config.update("jax_enable_x64", True)
 
 PROOFS = pathlib.Path(__file__).resolve().parents[1] / "proofs"
