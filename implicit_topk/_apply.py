@@ -46,8 +46,11 @@ def _solve_rows(x, k, l, *, solver, axis, return_info):
     batch_shape = rows.shape[:-1]
     k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), batch_shape)
     l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), batch_shape)
+    rows = solver.problem.normalize(rows, l_rows)
     step = solver.run(None, rows, k_rows, l_rows)
-    return solver.primal(step.params, rows, l_rows), step.state
+    y = solver.primal(step.params, rows, l_rows)
+    # A traced l is not checked: l <= 0 (or NaN) gives NaN rows, never a wrong mask.
+    return jnp.where((l_rows > 0)[..., None], y, jnp.nan), step.state
 
   y, state = apply_on_axis(on_rows, x, axis)
   return (y, state) if return_info else y
@@ -65,7 +68,7 @@ def _hashable(value) -> bool:
 
 
 def threshold_operator(solver, x, k, l, *, axis: int, return_info: bool = False):
-  """Validates ``x``, ``axis``, ``k`` (0 < k < n) and ``l`` (> 0), then solves along ``axis``.
+  """Validates ``x``, ``axis``, ``k`` (0 <= k <= n) and ``l`` (> 0), then solves along ``axis``.
 
   Returns the operator's output with the shape and dtype of ``x`` (and the solver's
   ``RootState`` with ``return_info``). The computation is one ``jax.jit`` keyed on the

@@ -57,19 +57,33 @@ def _concrete(value):
     return None
 
 
-def check_k(k, n: int, *, integer: bool = False, allow_n: bool = False, name: str = "k"):
-  """Checks 0 < k < n (or 0 < k <= n with ``allow_n``) when k is concrete."""
+K_RULE = ("0 <= k <= n: k = n selects the whole row (a mask of ones), k = 0 nothing "
+          "(a mask of zeros)")
+
+
+def check_k(k, n: int, *, integer: bool = False, allow_zero: bool = True,
+            allow_n: bool = True, name: str = "k"):
+  """Checks the library's one rule for ``k``, ``0 <= k <= n``, when k is concrete.
+
+  ``k = n`` selects the whole row and ``k = 0`` nothing, for every operator where that
+  means something. ``allow_zero=False`` asks for ``k > 0`` (an output that is a
+  distribution) and ``allow_n=False`` for ``k < n`` (the peers' methods that need
+  it); ``integer`` asks for a Python int (``k`` fixes a static size or a loop length).
+  """
   if integer and not (isinstance(k, numbers.Integral) and not isinstance(k, bool)):
-    raise TypeError(f"`{name}` must be a Python int for the hard operators; got {k!r}.")
+    raise TypeError(f"`{name}` must be a Python int here (it fixes a static size); "
+                    f"got {k!r}.")
   value = _concrete(k)
   if value is None:
     return
   if not np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.complexfloating):
     raise TypeError(f"`{name}` must be a real number; got {k!r}.")
-  upper_ok = value <= n if allow_n else value < n
-  if not np.all((value > 0) & upper_ok):
-    bound = f"0 < {name} <= n" if allow_n else f"0 < {name} < n"
-    raise ValueError(f"`{name}` must satisfy {bound} with n={n} (the size of the reduced axis); got {k!r}.")
+  low_ok = value >= 0 if allow_zero else value > 0
+  high_ok = value <= n if allow_n else value < n
+  if not np.all(low_ok & high_ok):
+    bound = f"0 {'<=' if allow_zero else '<'} {name} {'<=' if allow_n else '<'} n"
+    raise ValueError(f"`{name}` must satisfy {bound} with n={n} (the size of the reduced "
+                     f"axis); got {k!r}.")
 
 
 def check_positive(value, name: str):

@@ -27,12 +27,12 @@ def hard_topk_mask(x, k: int, axis: int = -1):
 
   Args:
     x: float array.
-    k: int, 0 < k <= n.
+    k: int, 0 <= k <= n.
     axis: the axis to select along.
   """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
-  _validation.check_k(k, x.shape[axis], integer=True, allow_n=True)
+  _validation.check_k(k, x.shape[axis], integer=True)
   return _topk_indicator(x, k, axis, x.dtype)
 
 
@@ -43,5 +43,5 @@ def hard_topk_mag(x, k: int, axis: int = -1):
   """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
-  _validation.check_k(k, x.shape[axis], integer=True, allow_n=True)
+  _validation.check_k(k, x.shape[axis], integer=True)
   return x * _topk_indicator(jnp.abs(x), k, axis, x.dtype)

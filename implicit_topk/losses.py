@@ -298,7 +298,7 @@ def topk_fenchel_young_loss(scores, target_mask, *, k, l=1.0, p: float = 4.0 / 3
     target_mask: array broadcastable to ``scores``, each row in :math:`C_k` (e.g. a hard
       top-k mask, or a soft one); rows outside :math:`C_k` make the loss meaningless
       (checked when concrete).
-    k: 0 < k < n, scalar or broadcastable to the batch shape.
+    k: 0 <= k <= n, scalar or broadcastable to the batch shape.
     l, p, regularizer, solver: as in :func:`~implicit_topk.soft_topk_mask`.
     axis: the selection axis.
     reduction: ``"mean"`` (over the batch), ``"sum"`` or ``"none"``.
@@ -389,7 +389,7 @@ def smooth_topk_svm_loss(scores, labels, *, k: int, tau=1.0, alpha=1.0, mode: st
   scores = _validation.as_float_input(scores, "scores")
   labels = _check_labels(labels, scores)
   n = scores.shape[-1]
-  _validation.check_k(k, n, integer=True)
+  _validation.check_k(k, n, integer=True, allow_zero=False, allow_n=False)
   _validation.check_positive(tau, "tau")
   _validation.check_choice(mode, "mode", ("smooth", "smooth_hard"))
   _validation.check_choice(reduction, "reduction", REDUCTIONS)

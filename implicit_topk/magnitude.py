@@ -94,14 +94,17 @@ def soft_topk_mag(
 
   Args:
     x: float array (float16/bfloat16 are computed in float32 and cast back).
-    k: real number or array broadcastable to the batch shape, 0 < k < n.
+    k: real number or array broadcastable to the batch shape, 0 <= k <= n: ``k = n``
+      returns ``x`` itself and ``k = 0`` zeros.
     l: regularization strength > 0, scalar or broadcastable to the batch shape.
     p: p-norm exponent, a static float > 1 (4/3: continuously differentiable).
     axis: the axis along which to select.
-    solver: ``"auto"`` (the rule of :func:`soft_topk_mask`), ``"pav"`` (numba, host
-      callback, exact, not exportable), ``"threshold"``
-      (pure JAX, sort-free Newton, exact) or ``"dykstra"`` (pure JAX, ``p = 2``,
-      approximate: stops at ``tol``).
+    solver: ``"auto"`` (default) = ``"threshold"`` (pure JAX, sort-free Newton,
+      exact, exportable), ``"pav"`` (numba on the host, exact, faster on CPU for
+      large batches; a host callback: not exportable with ``jax.export``, pulls a
+      sharded input to one device) or ``"dykstra"`` (pure JAX, ``p = 2``,
+      approximate: stops at ``tol``). Under ``jit`` with traced ``k`` or ``l``,
+      values are not checked: ``l <= 0`` or ``k`` outside ``[0, n]`` give NaN.
     diff: ``"implicit"`` (default) or ``"unrolled"`` (autodiff through exactly
       ``maxiter`` iterations of ``"threshold"`` or ``"dykstra"``).
     tol: Dykstra's tolerance on the change of its dual between sweeps (default 1e-6).

@@ -51,18 +51,18 @@ def soft_topk_mask(
   Args:
     x: float array (float16/bfloat16 are computed in float32 and cast back).
     k: real number or array broadcastable to the batch shape (``x`` without
-      ``axis``), with 0 < k < n. Need not be an integer.
+      ``axis``), with 0 <= k <= n. Need not be an integer. ``k = n`` gives a mask of
+      ones and ``k = 0`` a mask of zeros (derivatives 0), the rule of every operator.
     l: regularization strength > 0, scalar or broadcastable to the batch shape.
     p: p-norm exponent, a static float > 1 (ignored if ``regularizer`` is given).
     regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
     axis: the axis along which to select.
-    solver: ``"auto"`` (default; see below), ``"pav"`` (numba, exact, host callback:
-      not exportable with ``jax.export``), ``"threshold"`` (pure JAX, sort-free
-      Newton, exact) or ``"dykstra"`` (pure JAX, ``p = 2`` only, approximate: stops at
-      ``tol``). ``"auto"`` picks ``"threshold"`` on GPU/TPU, for inputs of fewer than
-      2**15 entries, for regularizers other than p = 2 and p = 4/3, and whenever
-      ``maxiter`` or ``diff="unrolled"`` is given; ``"pav"`` otherwise (measured in
-      ``benchmarks/results/cpu_matrix.md``).
+    solver: ``"auto"`` (default) = ``"threshold"``: pure JAX, sort-free Newton, exact;
+      works under ``jax.export``, ``shard_map`` and on sharded inputs, any backend.
+      ``"pav"``: numba PAV on the host, exact, faster on CPU for large batches (see
+      ``benchmarks/results/cpu_matrix.md``), but a host callback: it cannot be
+      exported with ``jax.export`` and pulls a sharded input to one device.
+      ``"dykstra"``: pure JAX, ``p = 2`` only, approximate (stops at ``tol``).
     diff: ``"implicit"`` (default: implicit function theorem at the solver's output)
       or ``"unrolled"`` (autodiff through exactly ``maxiter`` iterations of
       ``"threshold"`` or ``"dykstra"``; memory grows with ``maxiter``).
@@ -78,6 +78,15 @@ def soft_topk_mask(
   Returns:
     An array with the shape and dtype of ``x``; with ``return_info``, the pair
     ``(mask, RootState)``.
+
+  Limits of floating point: the mask is computed on ``x`` minus its row's largest
+  finite entry (shift invariance), so ``|x| / l`` may be as large as the format
+  allows. An entry that shares the fractional mass is resolved to the ulp of its
+  distance from that maximum: when that distance exceeds ``l / eps`` (e.g. ``x =
+  (1e308, -1e308)``, ``k = 1.5``, ``l = 1``) no float threshold gives ``sum y = k``;
+  ``return_info`` then reports the residual ``|sum_i y_i - k|`` (> 0). Under ``jit``
+  with traced ``k`` or ``l``, values are not checked: ``l <= 0`` or ``k`` outside
+  ``[0, n]`` give NaN.
 
   Non-finite inputs: a row containing NaN gives a row of NaN. ``+inf`` entries get
   1 and ``-inf`` entries 0, the finite entries share the rest of ``k``; a row whose

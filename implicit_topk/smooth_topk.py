@@ -42,7 +42,7 @@ __all__ = ["grad_topk", "iterative_softmax_topk"]
 
 
 def _check_static_k(k, n: int, op: str) -> int:
-  """k must be a Python (or NumPy) int with 0 < k < n: it fixes a loop length."""
+  """k must be a Python (or NumPy) int with 0 <= k <= n: it fixes a loop length."""
   if isinstance(k, jax.core.Tracer) or not isinstance(k, numbers.Integral) or isinstance(k, bool):
     raise TypeError(
         f"`k` must be a static Python int for {op} (it sets the length of a loop); got {k!r}.")
@@ -55,6 +55,7 @@ def _on_last_axis(fn, x, k, l, axis, op: str):
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
   _validation.check_positive(l, "l")
+  _validation.check_broadcast(l, x.shape[:axis] + x.shape[axis + 1:], "l")
   k = _check_static_k(k, x.shape[axis], op)
 
   def on_rows(rows):
@@ -113,8 +114,9 @@ def _log_esp(u, k: int):
     us = jnp.concatenate([us, jnp.full((pad,) + us.shape[1:], -jnp.inf, us.dtype)])
   us = us.reshape((n_blocks, block) + us.shape[1:])
   batch = u.shape[:-1]
-  init = jnp.concatenate([jnp.zeros(batch + (1,), u.dtype),
-                          jnp.full(batch + (k,), -jnp.inf, u.dtype)], axis=-1)
+  # *_like of the input: the carry keeps shard_map's varying axes (check_vma).
+  first = jnp.zeros_like(u[..., :1])
+  init = jnp.concatenate([first, jnp.broadcast_to(first - jnp.inf, batch + (k,))], axis=-1)
 
   @jax.checkpoint
   def run_block(log_e, u_block):
@@ -175,7 +177,7 @@ def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
 
   Args:
     x: float array (float16/bfloat16 are computed in float32 and cast back).
-    k: static Python int, 0 < k < n.
+    k: static Python int, 0 <= k <= n (``k = n``: all ones, ``k = 0``: zeros).
     l: temperature > 0, scalar or broadcastable to the batch shape (``x`` without
       ``axis``).
     axis: the axis along which to select.
@@ -285,7 +287,8 @@ def iterative_softmax_topk(x, k: int, l=1.0, *, variant: str = "logits", axis: i
 
   Args:
     x: float array (float16/bfloat16 are computed in float32 and cast back).
-    k: static Python int, 0 < k < n (the number of rounds).
+    k: static Python int, 0 <= k <= n (the number of rounds; the method is not a
+      map into the capped simplex, so ``k = n`` does not give all ones).
     l: temperature > 0, scalar or broadcastable to the batch shape.
     variant: ``"logits"`` or ``"weighted"``.
     axis: the axis along which to select.

@@ -92,7 +92,7 @@ def test_hard_ops_gradients():
 def test_hard_ops_errors():
   with pytest.raises(TypeError, match="Python int"):
     itk.hard_topk_mask(jnp.ones(3), 1.5)
-  with pytest.raises(ValueError, match="0 < k <= n"):
+  with pytest.raises(ValueError, match="0 <= k <= n"):
     itk.hard_topk_mask(jnp.ones(3), 4)
   with pytest.raises(TypeError, match="floating dtype"):
     itk.hard_topk_mag(jnp.ones(3, jnp.int32), 1)

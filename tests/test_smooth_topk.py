@@ -258,8 +258,8 @@ def test_grad_topk_non_finite_inputs():
 @pytest.mark.parametrize(
     "k, kwargs, error, match",
     [
-        (0, {}, ValueError, "0 < k < n"),
-        (4, {}, ValueError, "0 < k < n"),
+        (-1, {}, ValueError, "0 <= k <= n"),
+        (5, {}, ValueError, "0 <= k <= n with n=4"),
         (2.0, {}, TypeError, "`k` must be a static Python int"),
         (True, {}, TypeError, "`k` must be a static Python int"),
         (2, dict(l=0.0), ValueError, "`l` must be finite and > 0"),

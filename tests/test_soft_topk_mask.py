@@ -213,9 +213,9 @@ def test_threshold_solver_accepts_a_warm_start():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(k=0), ValueError, "0 < k < n"),
-        (dict(k=4), ValueError, "0 < k < n"),
-        (dict(k=-1.5), ValueError, "0 < k < n"),
+        (dict(k=4.5), ValueError, "0 <= k <= n with n=4"),
+        (dict(k=5), ValueError, "0 <= k <= n"),
+        (dict(k=-1.5), ValueError, "0 <= k <= n"),
         (dict(k=2, l=0.0), ValueError, "`l` must be finite and > 0"),
         (dict(k=2, l=-1.0), ValueError, "`l`"),
         (dict(k=2, p=1.0), ValueError, "1 < p"),

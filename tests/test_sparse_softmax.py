@@ -226,7 +226,7 @@ def test_non_finite_inputs():
     "k, kwargs, error, match",
     [
         (0, {}, ValueError, "0 < k <= n"),
-        (5, {}, ValueError, "0 < k <= n"),
+        (5, {}, ValueError, "0 < k <= n with n=4"),
         (2.0, {}, TypeError, "`k` must be a static Python int"),
         (2, dict(axis=-2), ValueError, "-1 <= axis < 1"),
     ],

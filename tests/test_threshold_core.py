@@ -70,10 +70,7 @@ def test_auto_takes_iterative_options_on_every_backend(kwargs, monkeypatch):
   for backend in ("cpu", "gpu", "tpu"):
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     big = 1 << 20
-    # Without the options, auto would pick PAV for a large input on CPU ...
-    assert solvers.resolve_solver_name("auto", problem, size=big) == (
-        "pav" if backend == "cpu" else "threshold")
-    # ... with them, the iterative pure-JAX solver on every backend.
+    # With the options too, the iterative pure-JAX solver on every backend.
     assert solvers.resolve_solver_name("auto", problem, size=big, **kwargs) == "threshold"
   monkeypatch.undo()
   x = jnp.linspace(-1.0, 1.0, 9)
@@ -81,13 +78,13 @@ def test_auto_takes_iterative_options_on_every_backend(kwargs, monkeypatch):
   np.testing.assert_allclose(float(jnp.sum(y)), 2.5, rtol=1e-5)
 
 
-def test_auto_rule_follows_size_and_regularizer():
-  pnorm, entropy = problems.CappedSimplex(itk.PNorm(2.0)), problems.CappedSimplex(itk.Entropy())
-  assert solvers.auto_solver_name(pnorm, size=solvers.PAV_MIN_SIZE, backend="cpu") == "pav"
-  assert solvers.auto_solver_name(pnorm, size=solvers.PAV_MIN_SIZE - 1, backend="cpu") == "threshold"
-  assert solvers.auto_solver_name(pnorm, size=None, backend="gpu") == "threshold"
-  assert solvers.auto_solver_name(entropy, size=1 << 20, backend="cpu") == "threshold"
-  assert solvers.auto_solver_name(problems.Magnitude(4.0 / 3.0), size=1 << 20, backend="cpu") == "pav"
+def test_auto_is_the_pure_jax_solver_everywhere(monkeypatch):
+  # The default must export (jax.export) and run under shard_map: never the host PAV.
+  for problem in (problems.CappedSimplex(itk.PNorm(2.0)), problems.CappedSimplex(itk.Entropy()),
+                  problems.Magnitude(4.0 / 3.0)):
+    for backend in ("cpu", "gpu", "tpu"):
+      monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+      assert solvers.resolve_solver_name("auto", problem, size=1 << 24) == "threshold"
 
 
 def test_auto_refuses_tol_on_every_backend():

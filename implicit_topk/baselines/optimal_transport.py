@@ -116,7 +116,7 @@ def ot_topk_mask(x, k, *, epsilon=1e-2, squash=True, tol=1e-10, max_iter: int = 
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
   n = x.shape[axis]
-  _validation.check_k(k, n)
+  _validation.check_k(k, n, allow_zero=False, allow_n=False)
   _validation.check_positive(epsilon, "epsilon")
   s = jnp.moveaxis(x, axis, -1)
   u = _default_squash(s) if squash else s

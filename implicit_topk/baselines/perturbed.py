@@ -52,7 +52,7 @@ def perturbed_topk_memberships(x, ks, *, sigma=0.1, num_samples: int = 100, key,
   s = jnp.moveaxis(x, axis, -1)
   n = s.shape[-1]
   for k in ks:
-    _validation.check_k(k, n, integer=True, allow_n=True)
+    _validation.check_k(k, n, integer=True, allow_zero=False)
   sigma = jnp.asarray(sigma, s.dtype)
   z = jax.random.normal(key, (num_samples,) + s.shape, s.dtype)
   perturbed = jax.lax.stop_gradient(s) + sigma * z

@@ -151,7 +151,7 @@ def sorting_network(x, *, network: str = "odd_even", steepness=10.0, distributio
   if n < 2:
     raise ValueError(f"`x` must have at least 2 entries along `axis`; got n={n}.")
   if k is not None:
-    _validation.check_k(k, n, integer=True, allow_n=True)
+    _validation.check_k(k, n, integer=True, allow_zero=False)
   lo, hi = (jnp.asarray(a) for a in network_arrays(network, n))
   s = jnp.moveaxis(x, axis, -1)
   batch = s.shape[:-1]

@@ -8,6 +8,8 @@ along the last axis of ``x``; ``k``, ``l`` and ``lam`` have the batch shape.
   solution. Implicit derivatives are taken on it, and the Newton solver takes
   :math:`\phi'` and :math:`\phi''` from it by ``jax.jvp``.
 * ``primal(lam, x, l)``: the operator's output for thresholds ``lam``.
+* ``normalize(x, l)``: an equivalent input that is better conditioned (the mask
+  subtracts a far-off row maximum: it is shift invariant); the operators solve on it.
 * ``bracket(x, k, l) -> Bracket``: ``lo <= root <= hi`` and the rows whose answer is
   known without iterating (non-finite entries, saturated rows, no solution: NaN).
 * ``initial_guess(x, k, l, bracket)``: a start inside the bracket, without any sort.
@@ -49,6 +51,8 @@ class ThresholdProblem(Protocol):
   def optimality(self, lam, x, k, l) -> jax.Array: ...
 
   def primal(self, lam, x, l) -> jax.Array: ...
+
+  def normalize(self, x, l) -> jax.Array: ...
 
   def bracket(self, x, k, l) -> Bracket: ...
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -32,23 +33,56 @@ class CappedSimplex:
   """The soft top-k mask for ``regularizer`` (a :class:`implicit_topk.Regularizer`)."""
 
   regularizer: Any = dataclasses.field(default_factory=_regularizers.PNorm)
-  geometric = False
+  # After `normalize` the row's top entry is 0, and for a small k the root can sit many
+  # decades closer to it than the bracket is wide (p > 2): bisect geometrically too.
+  geometric = True
 
   def __post_init__(self):
     _regularizers.check_protocol(self.regularizer)
 
   # -- the problem ----------------------------------------------------------------
+  def normalize(self, x, l):
+    """``x`` minus its row's largest finite entry where that entry exceeds
+    ``l / sqrt(eps)`` in magnitude (held constant for derivatives); else ``x``.
+
+    The mask is shift invariant, so this changes no answer. Beyond that scale the
+    threshold and ``x_i - lam`` could not be resolved in unshifted coordinates (e.g.
+    ``x = (1e20, 1e20, 0, 1)``, ``l = 1``); below it the unshifted coordinates resolve
+    a threshold near 0 best, so rows are left as they are. Finite entries stay finite
+    (a difference beyond the float range is clamped to the most negative finite
+    value); +-inf and NaN stay as they are.
+    """
+    finite = jnp.isfinite(x)
+    top = jnp.max(jnp.where(finite, x, -jnp.inf), axis=-1, keepdims=True)
+    far = jnp.abs(top) * np.sqrt(np.finfo(x.dtype).eps) > per_row(l, x)
+    top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top) & far, top, 0))
+    lowest = jnp.finfo(x.dtype).min
+    return jnp.where(finite, jnp.maximum(x - top, lowest), x)
+
   def primal(self, lam, x, l):
-    """The mask y_i = mask((x_i - lam) / l); NaN propagates (a row without a threshold)."""
-    z = (x - per_row(lam, x)) / per_row(l, x)
-    return jnp.where(jnp.isnan(z), z, self.regularizer.mask(z))
+    """The mask y_i = mask((x_i - lam) / l).
+
+    ``+inf`` entries are 1 and ``-inf`` entries 0 whatever the threshold, an infinite
+    ``lam`` (rows whose finite entries are all 0 or all 1 under a regularizer that
+    never saturates) gives its limit, and NaN (in ``x`` or ``lam``: a row without a
+    threshold) propagates. Derivatives stay finite in every case (double ``where``).
+    """
+    lam = per_row(lam, x)
+    limit = jnp.isinf(x) | jnp.isinf(lam)
+    z_limit = jnp.where(jnp.isinf(x), x, -lam)
+    z = (jnp.where(limit, 0, x) - jnp.where(limit, 0, lam)) / per_row(l, x)
+    z = jnp.where(limit, z_limit, z)
+    nan = jnp.isnan(x) | jnp.isnan(lam)
+    return jnp.where(nan, jnp.nan, self.regularizer.mask(jnp.where(nan, 0, z)))
 
   def optimality(self, lam, x, k, l):
     """phi(lam) = sum_i y_i(lam) - k, one entry per row."""
     return jnp.sum(self.primal(lam, x, l), axis=-1) - k
 
   def step_scale(self, lam, l):
-    return jnp.abs(lam) + l
+    # Relative to lam alone: after `normalize`, x_i - lam is exact for entries near
+    # the top, so lam near 0 is resolved to its own ulp (the floor only avoids 0).
+    return jnp.abs(lam) + jnp.finfo(lam.dtype).tiny
 
   def residual_scale(self, lam, k):
     return k + 1
@@ -81,10 +115,13 @@ class CappedSimplex:
     has_nan = jnp.any(jnp.isnan(x), axis=-1)
     at_hi = k == n_pos_inf  # all finite coordinates at 0
     at_lo = k == n_not_neg_inf  # all finite coordinates at 1
-    infeasible = (has_nan | (n_pos_inf > k) | (n_not_neg_inf < k)
-                  | (at_hi & (not np.isfinite(z0))) | (at_lo & (not np.isfinite(z1))))
+    infeasible = has_nan | (n_pos_inf > k) | (n_not_neg_inf < k)
     known = infeasible | at_hi | at_lo
-    value = jnp.where(infeasible, jnp.nan, jnp.where(at_hi, hi, lo))
+    # A regularizer that never saturates puts the finite entries at exactly 0 (1) only
+    # in the limit lam -> +inf (-inf); `primal` evaluates that limit.
+    value_hi = hi if np.isfinite(z0) else jnp.full_like(hi, jnp.inf)
+    value_lo = lo if np.isfinite(z1) else jnp.full_like(lo, -jnp.inf)
+    value = jnp.where(infeasible, jnp.nan, jnp.where(at_hi, value_hi, value_lo))
     return Bracket(lo, hi, known, value)
 
   def initial_guess(self, x, k, l, bracket: Bracket):

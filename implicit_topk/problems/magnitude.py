@@ -63,6 +63,11 @@ class Magnitude:
     return u + l * jnp.power(u, jnp.asarray(self.p - 1.0, u.dtype))
 
   # -- the problem ----------------------------------------------------------------
+  def normalize(self, x, l):
+    """``x`` as is: the operator is not shift invariant and its threshold is relative
+    to ``|x|`` already (geometric bisection, relative steps)."""
+    return x
+
   def primal(self, lam, x, l):
     """sign(x_i) min(|x_i|, t_i + g(t_i / l)), t_i = (|x_i| - lam)_+; NaN propagates."""
     lam_ = per_row(lam, x)

@@ -18,27 +18,18 @@ DIFF_MODES = ("implicit", "unrolled")
 _ITERATIVE_OPTIONS = {"threshold": ("maxiter",), "dykstra": ("tol", "maxiter")}
 
 
-# Below this many input entries the host round trip of "pav" (about 0.5 ms on a 2-core
-# CPU) costs more than the whole sort-free Newton solve (benchmarks/results/cpu_matrix.md:
-# at 1 x 1e3 and 1 x 1e4 "threshold" is 1.4-3.8x the hard mask and "pav" 5-14x; from
-# 64 x 1e3 (64000 entries) on, "pav" is the faster of the two in every cell).
-PAV_MIN_SIZE = 1 << 15
-
-
 def auto_solver_name(problem, *, size: int | None = None, backend: str | None = None) -> str:
-  """The fastest exact solver for the problem on ``backend`` (default: JAX's default).
+  """The default solver: ``"threshold"`` (sort-free Newton, pure JAX) for every problem.
 
-  The rule comes from the benchmark matrix (``benchmarks/results/cpu_matrix.md``): on
-  CPU, inputs of at least ``PAV_MIN_SIZE`` entries (``size``; unknown counts as large)
-  use the numba PAV kernel for the p-norms with closed-form blocks (p = 2, p = 4/3);
-  everything else, and every input on GPU/TPU, uses the sort-free Newton threshold
-  solver (pure JAX, no host round trip).
+  The default has to be pure JAX so that the default call can be exported with
+  ``jax.export``, runs inside ``shard_map`` and on sharded inputs without pulling them
+  to one device, and behaves the same on every backend. ``"pav"`` (numba on the host)
+  stays available by name: on CPU it is faster for large batches
+  (``benchmarks/results/cpu_matrix.md``). ``size`` and ``backend`` are accepted for
+  compatibility and do not change the choice.
   """
-  backend = jax.default_backend() if backend is None else backend
-  if backend != "cpu" or (size is not None and size < PAV_MIN_SIZE):
-    return "threshold"
-  exponent = regularizers.pnorm_exponent(getattr(problem, "regularizer", None))
-  return "pav" if exponent in (1, 3) else "threshold"
+  del problem, size, backend
+  return "threshold"
 
 
 def resolve_solver_name(name: str, problem, *, diff: str = "implicit", tol=None,
@@ -85,7 +76,6 @@ def make_solver(
   "dykstra" (``maxiter`` of them); ``tol`` is Dykstra's stopping tolerance and
   ``maxiter`` the iteration cap of the iterative solvers. ``None`` keeps the solver's
   default. Options a solver does not have raise ``ValueError``, on every backend.
-  ``size`` (the number of input entries) lets ``"auto"`` pick by size.
   """
   name = resolve_solver_name(name, problem, diff=diff, tol=tol, maxiter=maxiter, size=size)
   kwargs = {key: value for key, value in {"tol": tol, "maxiter": maxiter}.items()
@@ -96,6 +86,6 @@ def make_solver(
 
 __all__ = [
     "ThresholdRootSolver", "CappedSimplexSolver", "OptStep", "RootState", "PAVSolver",
-    "ThresholdSolver", "DykstraSolver", "SOLVERS", "DIFF_MODES", "PAV_MIN_SIZE", "auto_solver_name",
+    "ThresholdSolver", "DykstraSolver", "SOLVERS", "DIFF_MODES", "auto_solver_name",
     "resolve_solver_name", "make_solver",
 ]

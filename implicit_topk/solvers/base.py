@@ -113,7 +113,8 @@ class ThresholdRootSolver:
     k = jnp.broadcast_to(jnp.asarray(k, x.dtype), batch_shape)
     l = jnp.broadcast_to(jnp.asarray(l, x.dtype), batch_shape)
     warm = init_params is not None
-    init = jnp.zeros(batch_shape, x.dtype) if not warm else jnp.broadcast_to(
+    # zeros_like of a row of x: the initial guess has x's varying axes under shard_map.
+    init = jnp.zeros_like(x[..., 0]) if not warm else jnp.broadcast_to(
         jnp.asarray(init_params, x.dtype), batch_shape)
 
     def solver_fun(guess, x_, k_, l_):
@@ -133,8 +134,10 @@ class ThresholdRootSolver:
     return OptStep(params=lam, state=RootState(iter_num=iter_num, residual=residual))
 
   def apply(self, x, k, l, init_params=None):
-    """The operator along the last axis: ``primal(run(...).params, x, l)``."""
+    """The operator along the last axis: ``primal(run(...).params, x, l)``, solved on
+    ``problem.normalize(x)`` (so ``init_params`` is relative to that input)."""
     x = jnp.asarray(x)
+    x = self.problem.normalize(x, jnp.broadcast_to(jnp.asarray(l, x.dtype), x.shape[:-1]))
     return self.primal(self.run(init_params, x, k, l).params, x, l)
 
   mask = apply  # the top-k mask, for the default problem

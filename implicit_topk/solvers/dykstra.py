@@ -170,8 +170,10 @@ def isotonic_dykstra(
     return state, done | converged(state[0], new_change), iter_num, change
 
   zeros = jnp.zeros_like(u_even)
-  carry = ((u_even, zeros, zeros), jnp.zeros(batch_shape, bool),
-           jnp.zeros(batch_shape, jnp.int32), jnp.full(batch_shape, jnp.inf, u.dtype))
+  # *_like of a row quantity: the carry keeps shard_map's varying axes (check_vma).
+  row = u_even[..., 0]
+  carry = ((u_even, zeros, zeros), jnp.zeros_like(row, bool),
+           jnp.zeros_like(row, jnp.int32), jnp.full_like(row, jnp.inf))
   (v, _, _), _, iter_num, change = jax.lax.while_loop(cond, body, carry)
   return DykstraResult(v[..., :n], iter_num, change)
 

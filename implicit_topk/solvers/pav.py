@@ -35,4 +35,4 @@ class PAVSolver(ThresholdRootSolver):
     del init  # PAV is a direct method.
     lam = host.call(self.problem.host_threshold, jax.ShapeDtypeStruct(x.shape[:-1], x.dtype),
                     x, k, l)
-    return lam, jnp.zeros(x.shape[:-1], jnp.int32)
+    return lam, jnp.zeros_like(x[..., 0], jnp.int32)

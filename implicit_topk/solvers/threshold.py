@@ -46,7 +46,8 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   strictly inside the bracket and is at most half the previous step (as in Numerical
   Recipes' rtsafe; this rules out cycles and slow creeping), otherwise we bisect
   (geometrically over brackets wider than 4x when ``geometric``: roots many decades
-  below the bracket's top). Schroeder's step (Newton on phi / phi') replaces Newton's
+  below the bracket's top; every other bisection, see :func:`_geometric_middle`).
+  Schroeder's step (Newton on phi / phi') replaces Newton's
   where it is longer: near the degenerate roots phi ~ c (lam - a)^m at which a flat
   piece of phi starts (p < 2), Newton converges only linearly and Schroeder's step lands
   on a. A step below ``step_tol * step_scale(lam)`` counts as convergence only if
@@ -72,8 +73,7 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
                          & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)))
   middle = 0.5 * (lo + hi)
   if geometric:
-    wide = (lo > 0) & (hi > 4 * lo)
-    middle = jnp.where(wide, jnp.sqrt(jnp.where(wide, lo * hi, 1)), middle)
+    middle = jnp.where(iter_num % 2 == 0, _geometric_middle(lo, hi, middle), middle)
   candidate = jnp.where(use_newton, newton, middle)
   converged = (phi == 0) | (hi - lo <= step_tol * scale) | accept
   new_lam = jnp.where(phi == 0, lam, candidate)
@@ -81,6 +81,23 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   lam = jnp.where(done, lam, new_lam)
   iter_num = iter_num + jnp.where(done, 0, 1)
   return lam, lo, hi, prev_step, done | converged, iter_num
+
+
+def _geometric_middle(lo, hi, middle):
+  """The geometric mean of a one-signed bracket wider than 4x, else ``middle``.
+
+  A zero end counts as ``eps**2`` times the other, so a root many decades closer to 0
+  than the bracket's far end (the top entry of a row with a tiny ``k``, or a magnitude
+  threshold far below ``max |x|``) is found in a few halvings of its exponent.
+  """
+  tiny = jnp.finfo(lo.dtype).eps ** 2
+  positive, negative = lo >= 0, hi <= 0
+  near = jnp.where(positive, lo, -hi)
+  far = jnp.where(positive, hi, -lo)
+  near = jnp.maximum(near, tiny * far)
+  wide = (positive | negative) & (far > 4 * near) & jnp.isfinite(far)
+  root = jnp.sqrt(jnp.where(wide, near, 1) * jnp.where(wide, far, 1))
+  return jnp.where(wide, jnp.where(positive, root, -root), middle)
 
 
 def _derivatives(problem, x, k, l):
@@ -110,7 +127,7 @@ def _init_carry(problem, init, x, k, l):
   start = problem.initial_guess(x, k, l, bracket) if init is None else jnp.clip(
       init, bracket.lo, bracket.hi)
   lam = jnp.where(bracket.known, bracket.value, start)
-  iter_num = jnp.zeros(lam.shape, jnp.int32)
+  iter_num = jnp.zeros_like(lam, jnp.int32)  # zeros_like: keeps shard_map's varying axes
   return (lam, bracket.lo, bracket.hi, 2 * (bracket.hi - bracket.lo), bracket.known,
           iter_num), bracket
 
