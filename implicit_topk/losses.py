@@ -340,8 +340,9 @@ def _log_zero(dtype, k):
 def _log_esp(x, k):
   """log e_{k-1}(exp x), log e_k(exp x) (elementary symmetric polynomials) by a log-space DP, O(nk)."""
   neg = _log_zero(x.dtype, k)
-  init = jnp.concatenate([jnp.zeros(x.shape[:-1] + (1,), x.dtype),
-                          jnp.full(x.shape[:-1] + (k,), neg, x.dtype)], axis=-1)
+  # *_like of the input: the carry keeps shard_map's varying axes (check_vma).
+  first = jnp.zeros_like(x[..., :1])
+  init = jnp.concatenate([first, jnp.broadcast_to(first + neg, x.shape[:-1] + (k,))], axis=-1)
 
   def step(e, xi):
     shifted = jnp.concatenate([jnp.full(e.shape[:-1] + (1,), neg, e.dtype), e[..., :-1] + xi[..., None]],

@@ -35,4 +35,8 @@ class PAVSolver(ThresholdRootSolver):
     del init  # PAV is a direct method.
     lam = host.call(self.problem.host_threshold, jax.ShapeDtypeStruct(x.shape[:-1], x.dtype),
                     x, k, l)
+    # Rows answered by the bracket (non-finite entries, k = 0 or n, the limits of
+    # regularizers that never saturate) take its value, as in the other solvers.
+    bracket = self.problem.bracket(x, k, l)
+    lam = jnp.where(bracket.known, bracket.value, lam)
     return lam, jnp.zeros_like(x[..., 0], jnp.int32)
