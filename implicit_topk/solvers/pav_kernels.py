@@ -1166,6 +1166,142 @@ def capped_simplex_threshold(x, k, l, p):
 # ``soft_topk_mag``.  Rows are laid out as |x| sorted ascending (numpy).
 
 
+#
+# Accuracy.  The block values (and lam) can sit many decades below the block's
+# entries (lam ~ 2 s^3 / l^3 for p = 4/3 and s << l), or within a few ulps of
+# them (p near 1: s - lam ~ l (k lam)^(p-1)).  Every value is therefore solved
+# to a few ulps *relative to itself* (an absolute tolerance of a few ulps of
+# the entries, or ``mean + t`` from a cubic centred at the mean, leaves no
+# correct digit in lam ~ 1e-51 s, and Newton on F alone needs hundreds of
+# steps near an entry for large a).  The singleton and general solvers
+# (:func:`_mag_root`) bracket the root with a positive lower end
+# (:func:`_mag_lower`), bisect float64 bit patterns and take Newton steps on F
+# or on log(G / (W v)); the cubic solves Cardano without cancellation and,
+# when the root is below half the block mean, redoes it by Newton on the cubic
+# around the mean (still O(1)); the fractional block's value, lam, is finally
+# refined on the data (O(|B|) per step, once per row).
+
+
+_TINY = 5e-324  # the smallest positive float64: lower bracket end when the bound underflows
+
+
+@njit(cache=True)
+def _pow(z, a):
+    """z^a for z >= 0 (exact for a = 1 and 3)."""
+    if a == 1.0:
+        return z
+    if a == 3.0:
+        return z * z * z
+    return z ** a
+
+
+@njit(cache=True)
+def _mag_lower(s, i0, i1, W, l, a):
+    """A positive lower bound on the value of the block ``s[i0:i1]`` (descending,
+    > 0): at ``v = min(s_min / 2, m g(s_min / (2 l)) / W)`` every term is at least
+    ``g(s_min / (2 l))``, so ``F_B(v) >= m g(s_min / (2 l)) - W v >= 0``."""
+    half = 0.5 * s[i1 - 1]
+    if W > 0.0:
+        c = (i1 - i0) * _pow(half / l, a) / W
+        if c < half:
+            half = c
+    return max(half, _TINY)
+
+
+@njit(cache=True)
+def _mag_mid(lo, hi):
+    """Bisection point of ``0 <= lo < hi``: the midpoint of the float64 bit
+    patterns (geometric across binades, arithmetic within one), so any bracket
+    shrinks to adjacent floats in at most 64 steps, also when the root is
+    decades below ``hi`` or a few ulps below an entry."""
+    if not (lo >= 0.0):
+        return lo + 0.5 * (hi - lo)
+    a = np.float64(lo).view(np.int64)
+    b = np.float64(hi).view(np.int64)
+    return np.int64(a + (b - a) // 2).view(np.float64)
+
+
+@njit(cache=True)
+def _mag_log_residual(F, W, v):
+    """``log(G / (W v)) = log1p(F / (W v))`` for ``F = G - W v``, ``W v > 0``:
+    the sign of F, -inf where ``G <= 0``."""
+    Wv = W * v
+    if not (Wv > 0.0):
+        return np.inf if F > 0.0 else -np.inf
+    r = F / Wv
+    if not (r > -1.0):
+        return -np.inf
+    return math.log1p(r)
+
+
+@njit(cache=True)
+def _mag_root(s, i0, i1, W, l, a, lo, hi, v):
+    """Root of ``F(v) = G(v) - W v``, ``G(v) = sum_{i0<=i<i1} g((s_i - v) / l)``
+    (strictly decreasing, ``W > 0``), in ``[lo, hi]``, ``0 < lo < hi < inf``, to
+    a few ulps relative to the root.
+
+    Safeguarded Newton: on F where G is flat (``v G' <= G``: the root far
+    below the entries, F nearly linear), on ``H = log(G / (W v))`` where G is
+    steep (a power law in ``s - v`` near an entry, where Newton on F converges
+    only by a factor ``1 - 1/a`` per step for large ``a``); a step is taken
+    while it stays inside the bracket and |H| at least halves, otherwise the
+    bracket's float64 bit patterns are bisected (:func:`_mag_mid`).  A step
+    below 2 eps v is stretched to 2 eps v towards the root, so that the next
+    evaluation brackets it (no residual test: near an entry leaving 0 with
+    a < 1 the slope is huge and F is not small although the step is, found by
+    hypothesis: x = [0.25, 1e-40]).  Stops when the bracket is within 2 eps of
+    its upper end and returns the interpolation of H on it.  If rounding puts
+    the root outside ``[lo, hi]`` the nearest end is returned.
+    """
+    if not (lo < hi):
+        return hi
+    Hlo = np.inf
+    Hhi = -np.inf
+    if not (lo < v < hi):
+        v = _mag_mid(lo, hi)
+    Hprev = np.inf
+    for _ in range(_MAXIT):
+        G, dG = _block_eval(s, i0, i1, v, l, a)
+        F = G - W * v
+        if F == 0.0 or np.isnan(F):
+            return v
+        H = _mag_log_residual(F, W, v)
+        if F > 0.0:
+            lo = v
+            Hlo = H
+        else:
+            hi = v
+            Hhi = H
+        if hi - lo <= 2.0 * _EPS * hi:
+            if Hlo < np.inf and Hhi > -np.inf:
+                return lo + (hi - lo) * (Hlo / (Hlo - Hhi))
+            return hi if Hhi > -np.inf else lo
+        vn = _mag_mid(lo, hi)
+        if abs(H) < np.inf and abs(H) <= 0.5 * Hprev and dG < np.inf:
+            if v * dG <= G:
+                step = F / (dG + W)
+            else:
+                step = H / (dG / G + 1.0 / v)
+            if abs(step) < 2.0 * _EPS * v:
+                step = math.copysign(2.0 * _EPS * v, F)
+            if lo < v + step < hi:
+                vn = v + step
+        Hprev = abs(H)
+        v = vn
+    return v
+
+
+@njit(cache=True)
+def _mag_refine(s, i0, i1, W, l, a, lo, hi, v):
+    """:func:`_mag_root` in ``[lo, hi]`` narrowed to ``[_mag_lower, s_max]``
+    (for ``W > 0`` the root is below the block's largest entry)."""
+    lo2 = max(lo, _mag_lower(s, i0, i1, W, l, a))
+    hi2 = min(hi, s[i0]) if W > 0.0 else hi
+    if lo2 < hi2:
+        return _mag_root(s, i0, i1, W, l, a, lo2, hi2, v)
+    return _mag_root(s, i0, i1, W, l, a, lo, hi, v)
+
+
 @njit(cache=True)
 def _solve_mag_p2(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
     """p = 2: sum (s_i - v) / l = v W  =>  v = mean / (1 + l W / m).  O(1)."""
@@ -1175,18 +1311,66 @@ def _solve_mag_p2(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
 @njit(cache=True)
 def _solve_mag_cubic(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
     """p = 4/3: sum (s_i - v)^3 = l^3 W v.  With t = v - mean,
-    t^3 + (3 sigma2 + l^3 W / m) t + (l^3 W mean - M3) / m = 0: the cubic of
-    :func:`_solve_cubic` with ``M2 -> M2 + l^3 W / 3`` and ``W -> W mean``
-    (still one real root).  O(1)."""
+    t^3 + P t + Q = 0,  P = 3 sigma2 = 3 (M2 + l^3 W / 3) / m,
+    Q = (l^3 W mean - M3) / m  (one real root, P >= 0).  O(1).
+
+    Cardano with the cancellation-free sign choice
+    u = -cbrt(Q/2 + sign(Q) sqrt(Q^2/4 + sigma2^3)) and, instead of
+    t = u - sigma2 / u (which cancels when |Q| << sigma2^(3/2)), the same root
+    as t = -Q / (u^2 + sigma2 + sigma2^2 / u^2) (the identity
+    u^3 + (-sigma2/u)^3 = -Q; the denominator has no cancellation).  When
+    ``v = mean + t < mean / 2``, ``mean + t`` cancels: v is redone by Newton on
+    C(v) = sum (s_i - v)^3 - l^3 W v = M3 + 3 d M2 + m d^3 - l^3 W v,
+    d = mean - v (no cancellation for s >= 0 and v < mean / 2), which is
+    convex and decreasing for v < mean: from v = 0 (C(0) > 0) the iterates
+    increase to the root.
+    """
     l3W = l * l * l * W
-    return _solve_cubic(s, i0, i1, m, W * mean, mean, M2 + l3W / 3.0, M3, l,
-                        a, lo, hi)
+    inv_m = 1.0 / m
+    sigma2 = (M2 + l3W / 3.0) * inv_m
+    if sigma2 < 0.0:
+        sigma2 = 0.0
+    Q = (l3W * mean - M3) * inv_m
+    r = 1.0
+    D2 = 0.25 * Q * Q + sigma2 * sigma2 * sigma2
+    if not (1e-280 <= D2 <= 1e280):
+        if Q == 0.0 and sigma2 == 0.0:  # t = 0
+            return _clip(mean, lo, hi)
+        r = max(np.cbrt(abs(Q)), math.sqrt(sigma2))
+        if not (r < np.inf):
+            return 0.5 * (lo + hi)
+        sigma2 = sigma2 / (r * r)
+        Q = Q / (r * r * r)
+        D2 = 0.25 * Q * Q + sigma2 * sigma2 * sigma2
+    u = -np.cbrt(0.5 * Q + math.copysign(math.sqrt(D2), Q))
+    if u == 0.0:
+        t = 0.0
+    else:
+        t = -Q / (u * u + sigma2 + (sigma2 / u) * (sigma2 / u))
+    v = mean + r * t
+    if v >= 0.5 * mean or not (mean > 0.0):
+        return _clip(v, lo, hi)
+    M2 = max(M2, 0.0)
+    vn = 0.0
+    for _ in range(_MAXIT):
+        d = mean - vn
+        C = M3 + 3.0 * d * M2 + m * d * d * d - l3W * vn
+        if not (C > 0.0):  # at the root (the iterates approach it from below)
+            break
+        step = C / (3.0 * (M2 + m * d * d) + l3W)
+        if not (step < np.inf):  # overflow: keep Cardano's value
+            return _clip(v, lo, hi)
+        vn += step
+        if step <= 2.0 * _EPS * vn:
+            break
+    return _clip(vn, lo, hi)
 
 
 @njit(cache=True)
 def _solve_mag_general(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi):
-    """Any p: :func:`_newton_block` on F(v) = G(v) - v W (``slope = 1``)."""
-    return _newton_block(s, i0, i1, m, W, mean, 0.5 * (lo + hi), l, a, 0, lo, hi, 1.0)
+    """Any p: :func:`_mag_refine` on F(v) = G(v) - v W in the bracket of the
+    two merged blocks' values."""
+    return _mag_refine(s, i0, i1, W, l, a, lo, hi, _mag_mid(lo, hi))
 
 
 @njit(cache=True)
@@ -1204,14 +1388,24 @@ def _mag_singleton_cubic(s, i, w, l, a, pm1):
 
 @njit(cache=True)
 def _mag_singleton_general(s, i, w, l, a, pm1):
+    """g((s - v) / l) = w v.  Since 0 < v < s: w v < g(s / l) and
+    s - v = l (w v)^(p-1) < l (w s)^(p-1), so the root lies in
+    [s - l (w s)^(p-1), g(s / l) / w] (tight when v ~ s and when v << s
+    respectively; widened by the rounding of the bounds)."""
+    si = s[i]
     if w == 0.0:
-        return s[i]
-    return _solve_mag_general(s, i, i + 1, 1.0, w, s[i], 0.0, 0.0, l, a, 0.0,
-                              s[i])
+        return si
+    hi = _pow(si / l, a) / w
+    hi = min(si, hi * (1.0 + 4.0 * (a + 2.0) * _EPS))
+    lo = max(si - l * (w * si) ** pm1 - 4.0 * _EPS * si, 0.0)
+    v = hi
+    if lo > 0.0 and lo < hi:
+        v = lo + 0.5 * (hi - lo)
+    return _mag_refine(s, i, i + 1, w, l, a, lo, hi, v)
 
 
 @njit(cache=True, inline="always")
-def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, stats):
+def _mag_row(solve, singleton, xa, k, l, a, pm1, stats):
     """Threshold of one row; ``xa`` = |x| sorted ascending ([finite][inf][nan]).
 
     ``+inf`` magnitudes are kept (they use up ``k``); ``k_f = k - #inf``:
@@ -1252,16 +1446,13 @@ def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, stats):
     for j in range(nb):
         i0 = bstart[j]
         i1 = bstart[j + 1] if j + 1 < nb else m
-        if i1 - i0 > 1:
-            lo = bv[j + 1] if j + 1 < nb else 0.0
-            hi = bv[j - 1] if j > 0 else np.inf
+        if i1 - i0 > 1 or (w[i0] != 0.0 and w[i0] != 1.0):
+            # refined on the data to a few ulps relative to lam (the block
+            # solvers' values can carry the error of their closed forms)
             W = 0.0
             for i in range(i0, i1):
                 W += w[i]
-            return _polish(s, i0, i1, W, bv[j], l, a, lo, hi, polish_steps,
-                           1.0)
-        if w[i0] != 0.0 and w[i0] != 1.0:
-            return bv[j]
+            return _mag_refine(s, i0, i1, W, l, a, 0.0, np.inf, bv[j])
     # all-binary (integer k): every lam in [s_(k+1), h^{-1}(s_(k))] is a
     # root; h^{-1}(s_(k)) is the value of the k-th (kept) singleton.
     return 0.5 * (s[kint] + bv[kint - 1])
@@ -1271,21 +1462,21 @@ def _mag_row(solve, singleton, xa, k, l, a, pm1, polish_steps, stats):
 def _mag_batch_p2(xa, k, l, a, pm1, lam):
     for b in prange(xa.shape[0]):
         lam[b] = _mag_row(_solve_mag_p2, _mag_singleton_p2, xa[b], k[b], l[b],
-                          a, pm1, 1, 0)
+                          a, pm1, 0)
 
 
 @njit(cache=True, parallel=True)
 def _mag_batch_cubic(xa, k, l, a, pm1, lam):
     for b in prange(xa.shape[0]):
         lam[b] = _mag_row(_solve_mag_cubic, _mag_singleton_cubic, xa[b], k[b],
-                          l[b], a, pm1, 3, 3)
+                          l[b], a, pm1, 3)
 
 
 @njit(cache=True, parallel=True)
 def _mag_batch_general(xa, k, l, a, pm1, lam):
     for b in prange(xa.shape[0]):
         lam[b] = _mag_row(_solve_mag_general, _mag_singleton_general, xa[b],
-                          k[b], l[b], a, pm1, 0, 0)
+                          k[b], l[b], a, pm1, 0)
 
 
 _MAG = {"p2": _mag_batch_p2, "cubic": _mag_batch_cubic,
