@@ -1179,7 +1179,8 @@ def capped_simplex_threshold(x, k, l, p):
 # or on log(G / (W v)); the cubic solves Cardano without cancellation and,
 # when the root is below half the block mean, redoes it by Newton on the cubic
 # around the mean (still O(1)); the fractional block's value, lam, is finally
-# refined on the data (O(|B|) per step, once per row).
+# refined on the data (O(|B|) per step, once per row).  The exponent is the
+# output map's (:func:`_mag_select`).
 
 
 _TINY = 5e-324  # the smallest positive float64: lower bracket end when the bound underflows
@@ -1483,6 +1484,26 @@ _MAG = {"p2": _mag_batch_p2, "cubic": _mag_batch_cubic,
         "general": _mag_batch_general}
 
 
+def _mag_select(p):
+    """(kind, a, p - 1) for the magnitude kernels, with the exponent of
+    ``implicit_topk.regularizers.PNorm``: ``a = 1 / (p - 1)`` is taken as the
+    integer it is within 1e-9 of, as the output map and the threshold solver
+    take it (p = 1.1 is a = 10, not 9.999999999999991: with |x|/l = 1e-30
+    that difference alone moves lam by ~3000 ulps)."""
+    if isinstance(p, str):
+        raise ValueError(f"magnitude_threshold supports the p-norms only; got {p!r}")
+    _select(p)  # validates p
+    a = 1.0 / (float(p) - 1.0)
+    r = round(a)
+    if r >= 1 and abs(a - r) <= 1e-9 * max(1.0, a):
+        if r == 1:
+            return "p2", 1.0, 1.0
+        if r == 3:
+            return "cubic", 3.0, 1.0 / 3.0
+        return "general", float(r), 1.0 / r
+    return "general", a, float(p) - 1.0
+
+
 def magnitude_threshold(x, k, l, p):
     """Threshold ``lam >= 0`` of the soft top-k in magnitude, row-wise, by PAV.
 
@@ -1498,8 +1519,9 @@ def magnitude_threshold(x, k, l, p):
     entries are kept).  Cost: a numpy sort of |x| per row plus O(n) for
     ``p in {2, 4/3}``; other ``p`` solve each kept entry and each merged
     block by safeguarded Newton.  Returns (B,) float64 (a scalar for 1-D x).
+    The exponent is PNorm's (:func:`_mag_select`).
     """
-    kind, a, pm1 = _select(p)
+    kind, a, pm1 = _mag_select(p)
     x_arr = np.asarray(x)
     squeeze = x_arr.ndim == 1
     if x_arr.dtype not in (np.float32, np.float64):
