@@ -17,12 +17,23 @@ descending,
     v^\star = \arg\min_{v_1 \ge \dots \ge v_n} \sum_i l\,\omega^*\big((s_i - v_i)/l\big)
               + w_i v_i, \qquad y^\star_{\sigma(i)} = g\big((s_i - v^\star_i)/l\big),
 
-solved exactly by PAV (numba, on the host). The solution is constant on blocks
+solved exactly by pool-adjacent-violators (PAV). The solution is constant on blocks
 :math:`B` of consecutive indices, with block value :math:`u_B` the root of
 :math:`F_B(u) = \sum_{i \in B} g((s_i - u)/l) - \sum_{i \in B} w_i`.
-One host call per batch sorts the rows (radix sort: XLA's sort is ~10x slower on
-CPU), runs PAV and returns the block values, the block ids and the permutations;
-the ranks (``w`` of soft ranks, ``x`` of soft sorting) are never sorted.
+The ranks (``w`` of soft ranks, ``x`` of soft sorting) are never sorted.
+
+Two solvers give the same blocks (``solver=``):
+
+* ``"pav_jax"`` (what ``"auto"``, the default, picks): pure JAX
+  (:mod:`implicit_topk.solvers.isotonic`): XLA sorts, then parallel PAV rounds that
+  merge every violating pair of adjacent blocks at once. Works under ``jit``,
+  ``vmap``, ``shard_map`` (each shard solves its own rows) and ``jax.export``, on any
+  backend.
+* ``"pav"``: one host call per batch (numba, :mod:`implicit_topk.solvers.pav_kernels`)
+  sorts the rows (radix sort), runs sequential PAV and returns the block values, the
+  block ids and the permutations. The fastest on CPU for long rows, but a host
+  callback: ``jax.export`` cannot serialize it, and it gathers a sharded input to one
+  host.
 
 Derivatives: the implicit function theorem on :math:`F(u) = 0` with the block partition
 held fixed (``jax.lax.custom_root``). :math:`F_B` depends on :math:`u_B` alone, so the
@@ -43,11 +54,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from implicit_topk import _apply
 from implicit_topk import _implicit
 from implicit_topk import _validation
 from implicit_topk import regularizers
 from implicit_topk.solvers import host
+from implicit_topk.solvers import isotonic
 from implicit_topk.solvers import pav
+
+# "auto" is the pure-JAX solver on every backend: the default call must export and shard.
+SOLVERS = ("auto", "pav_jax", "pav")
 
 
 def _host_blocks(p, sort_x, sort_w, dtype, kernels, *args):
@@ -103,39 +119,65 @@ def _kernel_spec(regularizer):
   return spec
 
 
-def _lp(x, w, l, regularizer, dtype):
+def _lp(x, w, l, regularizer, dtype, solver):
   """The LP along the last axis of (R, n) arrays ``x``, ``w`` (None: the ranks
   (n, ..., 1), already sorted), ``l`` of shape (R,); ``y`` in ``x``'s order.
 
-  The host sorts, solves and returns the block structure and the permutations; the
-  gathers by those permutations and the block conditions are JAX (differentiable).
+  The solver sorts and returns the block structure and the permutations (``"pav"``:
+  on the host; ``"pav_jax"``: in JAX); the gathers by those permutations and the
+  block conditions are JAX (differentiable).
   """
   p = _kernel_spec(regularizer)
   shape = (x if x is not None else w).shape
   n = shape[-1]
   ranks = jnp.broadcast_to(_ranks_vector(n, dtype), shape)
-  given = [a for a in (x, w) if a is not None]
-  int_shape = jax.ShapeDtypeStruct(shape, jnp.int32)
-  out = ((jax.ShapeDtypeStruct(shape, dtype), int_shape)
-         + (int_shape, int_shape) * (x is not None) + (int_shape,) * (w is not None))
-  solved = host.call(functools.partial(_host_blocks, p, x is not None, w is not None,
-                                       np.dtype(dtype)),
-                     out, *jax.lax.stop_gradient((*given, l)))
-  values, ids, rest = solved[0], solved[1], list(solved[2:])
-  if x is not None:
-    order, inverse = rest.pop(0), rest.pop(0)
-    s = _take_rows(x, order)
+  if solver == "pav":
+    given = [a for a in (x, w) if a is not None]
+    int_shape = jax.ShapeDtypeStruct(shape, jnp.int32)
+    out = ((jax.ShapeDtypeStruct(shape, dtype), int_shape)
+           + (int_shape, int_shape) * (x is not None) + (int_shape,) * (w is not None))
+    solved = host.call(functools.partial(_host_blocks, p, x is not None, w is not None,
+                                         np.dtype(dtype)),
+                       out, *jax.lax.stop_gradient((*given, l)))
+    values, ids, rest = solved[0], solved[1], list(solved[2:])
+    if x is not None:
+      order, inverse = rest.pop(0), rest.pop(0)
+    w_order = rest.pop(0) if w is not None else None
   else:
-    s = ranks
-  w_sorted = _take_rows(w, rest.pop(0)) if w is not None else ranks
+    order = isotonic.descending_order(jax.lax.stop_gradient(x)) if x is not None else None
+    w_order = isotonic.descending_order(jax.lax.stop_gradient(w)) if w is not None else None
+    if x is not None:
+      inverse = _inverse_permutation(order)
+  s = _take_rows(x, order) if x is not None else ranks
+  w_sorted = _take_rows(w, w_order) if w is not None else ranks
+  if solver != "pav":
+    values, ids = _jax_blocks(*jax.lax.stop_gradient((s, w_sorted, l)), kind=p)
   y_sorted = _sorted_argmax(values, ids, s, w_sorted, l, regularizer)
   return _take_rows(y_sorted, inverse) if x is not None else y_sorted
+
+
+@functools.partial(jax.jit, static_argnames=("kind",))
+def _jax_blocks(s, w, l, *, kind):
+  """The pure-JAX blocks for the kernel spec ``kind`` (a p, or ``"exp"``); one jit,
+  so that eager calls with the same shapes do not trace the rounds again."""
+  regularizer = regularizers.Entropy() if kind == "exp" else regularizers.PNorm(kind)
+  values, ids, _ = isotonic.isotonic_blocks(s, w, l, regularizer)
+  return values, ids
+
+
+def _inverse_permutation(order):
+  """``inverse[r, order[r, i]] = i`` for (R, n) permutations: one flat scatter."""
+  rows, n = order.shape
+  flat = (order + (jnp.arange(rows, dtype=order.dtype) * n)[:, None]).reshape(-1)
+  iota = jnp.broadcast_to(jnp.arange(n, dtype=order.dtype), order.shape).reshape(-1)
+  return jnp.zeros_like(order).reshape(-1).at[flat].set(
+      iota, mode="promise_in_bounds", unique_indices=True).reshape(order.shape)
 
 
 def _sorted_argmax(values, ids, s, w, l, regularizer):
   """y in the order of ``s`` (sorted descending), for w sorted descending: (R, n).
 
-  ``values``/``ids``: the PAV solution's block values and block ids (from the host).
+  ``values``/``ids``: the PAV solution's block values and block ids (from either solver).
   """
   l_col = l[:, None]
   used = jnp.arange(s.shape[-1]) < ids[:, -1:] + 1  # ids are nondecreasing
@@ -149,28 +191,40 @@ def _sorted_argmax(values, ids, s, w, l, regularizer):
     del init, s_, w_, l_  # solved once above (PAV is direct); never differentiated
     return values, jnp.zeros((), values.dtype)
 
-  u, _ = _implicit.implicit_root(solver, optimality, jnp.zeros_like(s), (s, w, l_col),
+  # init like the values (not s): under shard_map, s = the ranks is not varying.
+  u, _ = _implicit.implicit_root(solver, optimality, jnp.zeros_like(values), (s, w, l_col),
                                  backend="lax")
   return regularizer.link((s - at_blocks(u)) / l_col)
 
 
-def _permutahedron(x, w, *, l, p, regularizer, axis, like):
-  """The LP along ``axis`` for ``x``, ``w`` of ``like``'s shape (None: the ranks)."""
-  axis = _validation.canonicalize_axis(axis, like.ndim)
+def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
+  """The LP along ``axis`` for ``x``, ``w`` (None: the ranks; an array given for both
+  has one shape): the shape and dtype of the given array."""
+  data = x if x is not None else w
+  axis = _validation.canonicalize_axis(axis, data.ndim)
   _validation.check_positive(l, "l")
+  _validation.check_choice(solver, "solver", SOLVERS)
+  solver = "pav_jax" if solver == "auto" else solver
   regularizer = regularizers.resolve(regularizer, p)
-  dtype = _validation.compute_dtype(like.dtype)
-  moved_shape = jnp.moveaxis(like, axis, -1).shape
-  if like.size == 0:
-    return jnp.zeros(like.shape, like.dtype)
-  n = moved_shape[-1]
-  rows = lambda a: None if a is None else jnp.moveaxis(a, axis, -1).astype(dtype).reshape(-1, n)
-  l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), moved_shape[:-1]).reshape(-1)
-  y = _lp(rows(x), rows(w), l_rows, regularizer, dtype).reshape(moved_shape)
-  return jnp.moveaxis(y, -1, axis).astype(like.dtype)
+
+  def on_rows(moved):
+    if moved.size == 0:
+      return jnp.zeros(moved.shape, moved.dtype)
+    dtype, n = moved.dtype, moved.shape[-1]
+    rows = lambda a: a.reshape(-1, n)
+    other = None
+    if x is not None and w is not None:  # w travels with x
+      other = rows(jnp.moveaxis(w, axis, -1).astype(dtype))
+    l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), moved.shape[:-1]).reshape(-1)
+    x_rows = rows(moved) if x is not None else None
+    w_rows = other if x is not None else rows(moved)
+    return _lp(x_rows, w_rows, l_rows, regularizer, dtype, solver).reshape(moved.shape)
+
+  return _apply.apply_on_axis(on_rows, data, axis)
 
 
-def permutahedron_argmax(x, w, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1):
+def permutahedron_argmax(x, w, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
+                         solver: str = "auto"):
   r"""The regularized LP over the permutahedron of ``w``, along ``axis``.
 
   .. math::
@@ -186,14 +240,20 @@ def permutahedron_argmax(x, w, *, l=1.0, p: float = 2.0, regularizer=None, axis:
       :math:`y = e^{(s - v)/l} > 0`, so ``w`` must be positive: soft ranks; soft sorting
       of positive values), or a p-norm object.
     axis: the axis of the vectors.
+    solver: ``"auto"`` (the default: ``"pav_jax"`` on every backend), ``"pav_jax"``
+      (pure JAX: works with ``jax.export`` and ``shard_map``, where each shard solves
+      its own rows) or ``"pav"`` (numba on the host: the fastest on CPU for long rows,
+      but a host callback, which ``jax.export`` cannot serialize and which gathers a
+      sharded input to one host). Both give the same blocks (to rounding).
 
   Returns:
-    ``y`` with the shape and dtype of ``x``. O(n log n) (one sort, PAV), O(n) memory,
-    forward and backward.
+    ``y`` with the shape and dtype of ``x``. One sort per row, O(n) memory, forward
+    and backward; ``"pav"`` solves in O(n) after the sort, ``"pav_jax"`` in parallel
+    rounds of O(n) work each (typically a few; at most n).
   """
   x = _validation.as_float_input(x)
   w = jnp.broadcast_to(jnp.asarray(w, _validation.compute_dtype(x.dtype)), x.shape)
-  return _permutahedron(x, w, l=l, p=p, regularizer=regularizer, axis=axis, like=x)
+  return _permutahedron(x, w, l=l, p=p, regularizer=regularizer, axis=axis, solver=solver)
 
 
 def _ranks_vector(n, dtype):
@@ -201,21 +261,26 @@ def _ranks_vector(n, dtype):
 
 
 def soft_rank(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
-              descending: bool = False):
+              descending: bool = False, solver: str = "auto"):
   r"""Soft ranks along ``axis``: :math:`\arg\max_{y \in P((n, \dots, 1))} \langle x, y\rangle - l\,\Omega(y)`.
 
   Ascending by default (the largest entry gets rank ``n``; ``descending=True``: rank 1).
   As ``l -> 0`` these are the ranks (1-based; ties get their average); as ``l`` grows
   they tend to the mean rank ``(n + 1) / 2``. ``p = 2`` is fast-soft-sort's ``"l2"``
   with ``regularization_strength = l``. Monotone in ``x``. O(n log n).
+
+  ``solver``: ``"auto"`` (default) = ``"pav_jax"``, pure JAX (``jax.export``,
+  ``shard_map``); ``"pav"`` = numba on the host, the fastest on CPU for long rows but
+  not exportable with ``jax.export`` and gathering a sharded input to one host (see
+  :func:`permutahedron_argmax`).
   """
   x = _validation.as_float_input(x)
   return _permutahedron(-x if descending else x, None, l=l, p=p, regularizer=regularizer,
-                        axis=axis, like=x)
+                        axis=axis, solver=solver)
 
 
 def soft_sort(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
-              descending: bool = False, topk: int | None = None):
+              descending: bool = False, topk: int | None = None, solver: str = "auto"):
   r"""Soft sort along ``axis``: :math:`\arg\max_{y \in P(x)} \langle (n, \dots, 1), y\rangle - l\,\Omega(y)`.
 
   The output lies in the permutahedron of ``x`` (a convex combination of its
@@ -224,6 +289,11 @@ def soft_sort(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
   fast-soft-sort's ``"l2"`` with ``regularization_strength = l``. With ``topk=k``
   only the ``k`` largest soft-sorted values are returned (ascending, as
   ``ott.tools.soft_sort.sort(..., topk=k)``). O(n log n).
+
+  ``solver``: ``"auto"`` (default) = ``"pav_jax"``, pure JAX (``jax.export``,
+  ``shard_map``); ``"pav"`` = numba on the host, the fastest on CPU for long rows but
+  not exportable with ``jax.export`` and gathering a sharded input to one host (see
+  :func:`permutahedron_argmax`).
   """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
@@ -233,23 +303,32 @@ def soft_sort(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
   moved = jnp.moveaxis(x, axis, -1)
   sign = 1.0 if descending else -1.0
   y = sign * _permutahedron(None, sign * moved, l=l, p=p, regularizer=regularizer, axis=-1,
-                            like=moved)
+                            solver=solver)
   if topk is not None:
     y = y[..., :topk] if descending else y[..., n - topk:]
   return jnp.moveaxis(y, -1, axis)
 
 
-def soft_topk_values(x, k: int, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1):
-  """The ``k`` largest soft-sorted values along ``axis``, in descending order."""
-  return soft_sort(x, l=l, p=p, regularizer=regularizer, axis=axis, descending=True, topk=k)
+def soft_topk_values(x, k: int, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
+                     solver: str = "auto"):
+  """The ``k`` largest soft-sorted values along ``axis``, in descending order.
+
+  ``solver``: as :func:`soft_sort` (``"auto"`` = ``"pav_jax"``, pure JAX; ``"pav"``,
+  numba on the host, is not exportable with ``jax.export``).
+  """
+  return soft_sort(x, l=l, p=p, regularizer=regularizer, axis=axis, descending=True, topk=k,
+                   solver=solver)
 
 
-def soft_quantile(x, q, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1):
+def soft_quantile(x, q, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
+                  solver: str = "auto"):
   r"""Soft quantiles: linear interpolation of the ascending soft sort at ``q (n - 1)``.
 
   As ``l -> 0`` this is ``jnp.quantile(x, q, axis=axis)`` (its default linear method).
   ``q`` is a scalar or an array of levels in [0, 1]; the result has the batch shape of
-  ``x`` (without ``axis``) followed by ``q``'s shape.
+  ``x`` (without ``axis``) followed by ``q``'s shape. ``solver``: as :func:`soft_sort`
+  (``"auto"`` = ``"pav_jax"``, pure JAX; ``"pav"``, numba on the host, is not
+  exportable with ``jax.export``).
   """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
@@ -257,7 +336,8 @@ def soft_quantile(x, q, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = 
   concrete = _validation._concrete(q)  # pylint: disable=protected-access
   if concrete is not None and not np.all((concrete >= 0) & (concrete <= 1)):
     raise ValueError(f"`q` must lie in [0, 1]; got {q!r}.")
-  sorted_x = jnp.moveaxis(soft_sort(x, l=l, p=p, regularizer=regularizer, axis=axis), axis, -1)
+  sorted_x = jnp.moveaxis(soft_sort(x, l=l, p=p, regularizer=regularizer, axis=axis,
+                                    solver=solver), axis, -1)
   n = sorted_x.shape[-1]
   position = q * (n - 1)
   lower = jnp.clip(jnp.floor(position).astype(jnp.int32), 0, n - 1)
