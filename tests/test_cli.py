@@ -27,11 +27,13 @@ def test_subcommand_help(command, capsys):
   assert f"implicit-topk {command}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_demo(capsys):
   assert cli.main(["demo", "--no-timing"]) == 0
   assert "soft" in capsys.readouterr().out.lower()
 
 
+@pytest.mark.slow
 def test_figure(tmp_path, capsys):
   pytest.importorskip("matplotlib")
   out = tmp_path / "fig.png"
@@ -40,6 +42,7 @@ def test_figure(tmp_path, capsys):
   assert str(out) in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bench_tiny(tmp_path, capsys):
   code = cli.main(["bench", "--sizes", "100", "--batches", "1", "--solvers", "threshold",
                    "--methods", "threshold p=2", "--repeats", "2", "--min-repeats", "1",
@@ -73,6 +76,7 @@ def test_progress_stream():
   assert lines[2].startswith("[########################]   4/4 100%")
 
 
+@pytest.mark.slow
 def test_check_subset(capsys):
   assert cli.main(["check", "--only", "limits"]) == 0
   out = capsys.readouterr().out
@@ -98,6 +102,7 @@ def test_check_reports_failure(tmp_path, capsys):
   assert "AssertionError: broken" in out
 
 
+@pytest.mark.slow
 def test_python_dash_m_entry_point():
   proc = subprocess.run([sys.executable, "-m", "implicit_topk", "--help"],
                         capture_output=True, text=True, timeout=120)

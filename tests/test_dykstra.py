@@ -46,6 +46,7 @@ def test_weighted_isotonic_dykstra_matches_scipy():
   np.testing.assert_allclose(result.v, _scipy_decreasing(u, weights), atol=1e-9)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.floats(-10, 10), min_size=1, max_size=12))
 def test_isotonic_dykstra_is_monotone_and_matches_scipy_property(values):
@@ -55,6 +56,7 @@ def test_isotonic_dykstra_is_monotone_and_matches_scipy_property(values):
   np.testing.assert_allclose(v, _scipy_decreasing(u), atol=1e-7)
 
 
+@pytest.mark.slow
 def test_isotonic_dykstra_stops_at_tol_and_reports_it():
   u = _rows(3, (3, 200))  # pure noise: blocks span most of the row, convergence is slow
   loose = isotonic_dykstra(u, tol=1e-2, max_iter=100000)
@@ -65,6 +67,7 @@ def test_isotonic_dykstra_stops_at_tol_and_reports_it():
   assert np.all(capped.iter_num == 3)
 
 
+@pytest.mark.slow
 def test_unrolled_sweeps_equal_the_while_loop_iterates():
   u = _rows(4, (2, 31))
   for sweeps in (1, 5, 40):
@@ -75,7 +78,8 @@ def test_unrolled_sweeps_equal_the_while_loop_iterates():
 # -- the top-k solver ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [10, 100, 1000])
+@pytest.mark.parametrize("n", [10, pytest.param(100, marks=pytest.mark.slow),
+                               pytest.param(1000, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("ties", [False, True])
 def test_dykstra_matches_pav_at_tol(n, ties):
   x = _rows(5 + n, (4, n), ties=ties)
@@ -92,7 +96,7 @@ def test_dykstra_implicit_gradient_matches_the_exact_one():
   np.testing.assert_allclose(jax.grad(f)(x, "dykstra"), jax.grad(f)(x, "pav"), atol=1e-5)
 
 
-@pytest.mark.parametrize("diff", ["implicit", "unrolled"])
+@pytest.mark.parametrize("diff", ["implicit", pytest.param("unrolled", marks=pytest.mark.slow)])
 def test_dykstra_gradients_pass_check_grads(diff):
   x, w = _rows(8, (2, 9)), _rows(9, (2, 9))
   opts = dict(maxiter=400) if diff == "unrolled" else dict(tol=1e-12)
@@ -101,6 +105,7 @@ def test_dykstra_gradients_pass_check_grads(diff):
   check_grads(f, (x,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["dykstra", "threshold"])
 def test_unrolled_gradient_converges_to_the_implicit_one(solver):
   x, w = _rows(10, (2, 40)), _rows(11, (2, 40))
@@ -112,6 +117,7 @@ def test_unrolled_gradient_converges_to_the_implicit_one(solver):
   assert errors[1] < 1e-6 < errors[0], errors
 
 
+@pytest.mark.slow
 def test_gradients_wrt_k_and_l_match_finite_differences():
   x, w = _rows(12, (2, 30)), _rows(13, (2, 30))
 
@@ -125,6 +131,7 @@ def test_gradients_wrt_k_and_l_match_finite_differences():
                              rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_dykstra_batch_axis_jit_vmap_and_float32():
   x = _rows(14, (3, 17, 5))
   y = itk.soft_topk_mask(x, 4.0, l=0.4, p=2.0, solver="dykstra", axis=1)

@@ -45,6 +45,7 @@ def test_hard_curve():
   np.testing.assert_array_equal(figure.curves(s, op="mask")["hard"], _reference_hard(s))
 
 
+@pytest.mark.slow
 def test_shape_kinks_smoothness_and_exact_zeros():
   # l = 1: for p = 2 the curve is piecewise linear, 1 - (s - 0)/2 on [0, 2], exactly 0
   # on [2, 3], (s - 3)/2 on [3, 5]: slopes jump at s = 0, 2, 3, 5 (kinks).
@@ -72,6 +73,7 @@ def test_shape_kinks_smoothness_and_exact_zeros():
     np.testing.assert_allclose(v[label], [0.5, 0.5], atol=1e-9)
 
 
+@pytest.mark.slow
 def test_mag_panel_sparse_and_bounded():
   s = np.linspace(-2.0, 6.0, 41)
   c = figure.curves(s, l=1.0, op="mag")
@@ -82,6 +84,7 @@ def test_mag_panel_sparse_and_bounded():
   assert np.any(c["p = 4/3"] == 0.0) and np.any(c["p = 2"] == 0.0)
 
 
+@pytest.mark.slow
 def test_make_figure_writes_png(tmp_path):
   pytest.importorskip("matplotlib")
   path = tmp_path / "sub" / "fig.png"

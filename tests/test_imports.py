@@ -43,6 +43,7 @@ def test_import_emits_no_deprecation_warning_and_skips_jaxopt():
   assert "IMPORT OK" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 def test_the_check_above_can_fail():
   """The subprocess check sees a DeprecationWarning raised at import (jaxopt's own)."""
   proc = _run_python("-W", "error::DeprecationWarning", "-c", "import jaxopt")
@@ -51,7 +52,7 @@ def test_the_check_above_can_fail():
 
 # the backend imports jaxopt, which warns that it is unmaintained (expected here)
 @pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
-@pytest.mark.parametrize("solver", ("threshold", "pav"))
+@pytest.mark.parametrize("solver", ("threshold", pytest.param("pav", marks=pytest.mark.slow)))
 def test_jaxopt_backend_gradient_equals_lax(solver):
   """The lazily imported jaxopt backend gives the lax backend's gradients (float64)."""
   assert jax.config.jax_enable_x64  # conftest.py

@@ -47,6 +47,7 @@ def test_topk_ce_hand_values_and_exact_zero():
   assert np.all(np.isfinite(grad)) and np.all(grad[1] == 0)
 
 
+@pytest.mark.slow
 def test_topk_ce_grads():
   pk = [0.5, 0.0, 0.25, 0.25]
   check_grads(lambda z: L.topk_cross_entropy(z, LABELS, p_k=pk, l=2.0), (LOGITS,), order=1, modes=("rev",))
@@ -67,6 +68,7 @@ def test_topk_ce_validation():
     L.topk_cross_entropy(LOGITS, LABELS, p_k=[0.5, 0.5], method="perturbed")
 
 
+@pytest.mark.slow
 def test_topk_ce_other_methods_run():
   pk = [0.5, 0.5]
   for method in ("perturbed", "ot"):
@@ -121,6 +123,7 @@ def test_fenchel_young_hand_values():
   np.testing.assert_allclose(L.topk_fenchel_young_loss(theta, y, k=2.5, l=0.7, reduction="none"), 0.0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_fenchel_young_gradient_convexity():
   theta = jnp.asarray(RNG.normal(size=(3, 8)))
   target = jnp.zeros((3, 8)).at[:, :3].set(1.0)
@@ -153,6 +156,7 @@ def test_smooth_svm_hand_values():
   np.testing.assert_allclose(L.smooth_topk_svm_loss(s, c, k=2, tau=1e-3, mode="smooth_hard"), hard, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_smooth_svm_grads():
   check_grads(lambda z: L.smooth_topk_svm_loss(z, LABELS, k=3, tau=0.5), (LOGITS,), order=1, modes=("fwd", "rev"))
 

@@ -293,7 +293,7 @@ def make_x(rng, B, n, dtype):
     return x.astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [pytest.param(np.float32, marks=pytest.mark.slow), np.float64])
 @pytest.mark.parametrize("l", [1e-3, 0.1, 10.0])
 @pytest.mark.parametrize("p", PS)
 def test_capped_against_bisection(p, l, dtype):

@@ -17,6 +17,9 @@ from implicit_topk import permutahedron as perm
 
 REGULARIZERS = [("p2", dict(p=2.0)), ("p4/3", dict(p=4 / 3)), ("p3", dict(p=3.0)),
                 ("entropy", dict(regularizer="entropy"))]
+# p2 in the fast suite, the others in the slow group
+REGULARIZERS_P2_FAST = REGULARIZERS[:1] + [pytest.param(*r, marks=pytest.mark.slow)
+                                            for r in REGULARIZERS[1:]]
 
 
 def _rows(seed, shape, ties=False):
@@ -67,7 +70,7 @@ OMEGAS = {"p2": lambda y: y ** 2 / 2, "p4/3": lambda y: np.abs(y) ** (4 / 3) / (
           "p3": lambda y: np.abs(y) ** 3 / 3, "entropy": _entropy}
 
 
-@pytest.mark.parametrize("name,options", REGULARIZERS)
+@pytest.mark.parametrize("name,options", REGULARIZERS_P2_FAST)
 def test_permutahedron_argmax_matches_a_primal_qp_over_all_subsets(name, options):
   rng = np.random.default_rng(0)
   for _ in range(3):
@@ -105,6 +108,7 @@ def test_ties_get_average_ranks_and_large_l_gives_the_mean():
   np.testing.assert_allclose(perm.soft_sort(x, l=1e9), np.full(4, 1.75), atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,options", REGULARIZERS)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), l=st.sampled_from([0.05, 0.5, 5.0]))
@@ -127,7 +131,7 @@ def test_ranks_monotone_sorted_values_nondecreasing(name, options, seed, l):
 # -- derivatives -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,options", REGULARIZERS)
+@pytest.mark.parametrize("name,options", REGULARIZERS_P2_FAST)
 def test_gradients_pass_check_grads(name, options):
   x, w = _rows(2, (2, 7)), _rows(3, (2, 7))
   positive = jnp.abs(x) + 0.5
@@ -148,6 +152,7 @@ def _kernels():
   return host.kernels()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", [2.0, 4 / 3, 3.0, "exp"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_block_structure_matches_isotonic_pav_on_the_sorted_rows(p, dtype):
@@ -181,6 +186,7 @@ def test_block_structure_matches_isotonic_pav_on_the_sorted_rows(p, dtype):
   np.testing.assert_array_equal(np.take_along_axis(values2, ids2, -1), v2.astype(dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,options", REGULARIZERS)
 def test_gradients_with_ties_match_finite_differences(name, options):
   # Where tied entries share a PAV block (asserted) the LP is smooth: the implicit
@@ -230,6 +236,7 @@ def test_backward_has_no_quadratic_intermediate():
 # -- shapes, dtypes, errors --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_batch_axis_jit_vmap_float32():
   x = _rows(6, (3, 8, 2))
   y = perm.soft_rank(x, l=0.3, axis=1)
@@ -264,6 +271,7 @@ def test_nan_rows_give_nan():
 # -- side by side with ott-jax ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_same_limits_and_monotonicity_as_ott():
   soft_sort = pytest.importorskip("ott.tools.soft_sort")
   x = 5 * _rows(8, (6,))  # float64: ott mixes dtypes under x64 with float32 inputs

@@ -194,6 +194,7 @@ def reference_mask(x, k, l, p):
 # properties
 # ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -206,6 +207,7 @@ def test_in_unit_box(solver, p, prob):
   assert np.all(y <= 1.0), y
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -220,6 +222,7 @@ def test_sums_to_k(solver, p, prob):
   assert np.all(np.abs(y.sum(-1) - k) <= atol), (y.sum(-1) - k, atol)
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -236,6 +239,7 @@ def test_matches_bisection_reference(solver, p, prob):
   assert_close_cond(y, reference_mask(x, k, l, p), l, p, _delta(x, l))
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -249,6 +253,7 @@ def test_permutation_equivariant(solver, p, prob, data):
   assert_close_cond(y_perm, np.take_along_axis(y, perms, -1), l, p, _delta(x, l))
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -271,6 +276,7 @@ def test_monotone_in_x(solver, p, prob, data):
   assert np.all(y_up[others] <= y[others] + tol[others]), (y, y_up, idx)
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -282,6 +288,7 @@ def test_invariant_to_shift(solver, p, prob, c):
   assert_close_cond(y_shift, y, l, p, _delta(x, l, extra=abs(c)))
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -327,6 +334,7 @@ _TINY_PAIRS = (np.array([[1.0, 1e-175], [1e-175, 1e-175], [1e-175, 1e-175]]),
                np.array([1.0, 1.0, 1.0]), np.array([0.1, 0.1, 0.1]))
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -381,6 +389,7 @@ def separated_problems(draw):
   return x, k
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_SOME
@@ -416,6 +425,7 @@ def test_hard_limit_small_l(solver, p, prob):
   assert np.all(values <= top_sum + 1e-9 + slacks), (values, top_sum)
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_FEW
@@ -437,6 +447,7 @@ def test_uniform_limit_large_l(solver, p, prob):
   assert np.all(err <= atol), (err, atol)
 
 
+@pytest.mark.slow
 @parametrize_p
 @_MANY
 @given(integer_problems())
@@ -447,6 +458,7 @@ def test_pav_and_threshold_agree_with_ties(p, prob):
   assert_close_cond(y_pav, y_thr, l, p, _delta(x, l), floor=1e-10)
 
 
+@pytest.mark.slow
 @parametrize_p
 @_SOME
 @given(problems())
@@ -457,6 +469,7 @@ def test_pav_and_threshold_agree_real_inputs(p, prob):
   assert_close_cond(y_pav, y_thr, l, p, _delta(x, l), floor=1e-10)
 
 
+@pytest.mark.slow
 @parametrize_solver
 @parametrize_p
 @_FEW
@@ -471,6 +484,7 @@ def test_ties_get_equal_values(solver, p, prob):
       assert np.all(group == group[0]), (x[b], y[b])
 
 
+@pytest.mark.slow
 @parametrize_solver
 @_FEW
 @given(problems())

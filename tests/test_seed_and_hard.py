@@ -103,6 +103,7 @@ def test_soft_tends_to_hard_on_the_seed_batch(legacy_prng):
   np.testing.assert_array_equal(itk.soft_topk_mask(values, 2, l=1e-3), itk.hard_topk_mask(values, 2))
 
 
+@pytest.mark.slow
 def test_demo_command_runs():
   out = subprocess.run([sys.executable, "-m", "implicit_topk", "demo", "--no-timing"],
                        capture_output=True, text=True, check=True).stdout

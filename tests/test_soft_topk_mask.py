@@ -123,6 +123,7 @@ def test_check_grads_fwd_and_rev(solver, p):
   check_grads(f, (x,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
+@pytest.mark.slow
 def test_jaxopt_backend_reverse_mode_matches_lax_backend():
   x = _random_rows(5, (4, 20))
   w = _random_rows(6, (4, 20))
@@ -175,6 +176,7 @@ def test_k_derivative_at_a_binary_solution_is_the_documented_zero(solver):
   assert np.array_equal(np.asarray(jax.jacrev(f)(2.0)), np.zeros(4))
 
 
+@pytest.mark.slow
 def test_unrolled_threshold_gradient_converges_to_the_implicit_one():
   x = _random_rows(9, (2, 12))
   w = _random_rows(10, (2, 12))
@@ -198,6 +200,7 @@ def test_solver_objects_report_state_and_optimality():
   assert int(jnp.max(itk.ThresholdSolver().run(None, x, 7.0, 0.2).state.iter_num)) > 0
 
 
+@pytest.mark.slow
 def test_threshold_solver_accepts_a_warm_start():
   x = _random_rows(12, (3, 30))
   solver = itk.ThresholdSolver()

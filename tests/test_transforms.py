@@ -35,6 +35,9 @@ SOLVERS = ("threshold", "pav")
 P43 = 4.0 / 3.0
 PS = (P43, 1.5, 2.0, 3.0)
 parametrize_solver = pytest.mark.parametrize("solver", SOLVERS)
+# the threshold solver compiles slowly: some of its cases are in the slow group
+parametrize_solver_slow_threshold = pytest.mark.parametrize(
+    "solver", [pytest.param("threshold", marks=pytest.mark.slow), "pav"])
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -172,7 +175,7 @@ class JitMatchesEagerTest(chex.TestCase):
     close(g(x, 3.5, l=0.3, solver=solver), y)
 
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_vmap_matches_batched_call(solver):
   x = _x((6, 11), seed=1)
   k = jnp.linspace(0.5, 9.5, 6)
@@ -205,7 +208,7 @@ def test_vmap_matches_batched_call(solver):
     close(out["mapped_k_only"][b], _soft(x[0], float(k[b]), solver=solver))
 
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_nested_vmap(solver):
   x = _x((3, 4, 9), seed=2)
   k = jnp.arange(1.0, 13.0).reshape(3, 4) * 0.6
@@ -228,7 +231,7 @@ def test_nested_vmap(solver):
     close(grid[:, j], _soft(x[0], float(ks[j]), solver=solver))
 
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_any_leading_batch_shape(solver):
   x = _x((2, 3, 2, 7), seed=3)
 
@@ -248,7 +251,7 @@ def test_any_leading_batch_shape(solver):
 # axis and per-row k
 # ---------------------------------------------------------------------------------
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_axis_equals_moving_the_axis(solver):
   x = _x((5, 6, 7), seed=4)
   rng = np.random.default_rng(5)
@@ -286,7 +289,7 @@ def test_axis_equals_moving_the_axis(solver):
   close(col.sum(-1), jnp.broadcast_to(ks[2][:, :1], batch[2]), 1e-10)
 
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_per_row_k_matches_row_by_row(solver):
   x = _x((6, 12), seed=6)
   # (non-integer k: at an integer k whose row is all 0/1 the mask is not differentiable
@@ -310,10 +313,10 @@ def test_per_row_k_matches_row_by_row(solver):
 
 def test_invalid_arguments_raise():
   x = _x((3, 5))
-  with pytest.raises(ValueError):
-    itk.soft_topk_mask(x, 5.0)  # k == n
-  with pytest.raises(ValueError):
-    itk.soft_topk_mask(x, jnp.array([1.0, 0.0, 2.0]))  # one row has k == 0
+  with pytest.raises(ValueError, match="0 <= k <= n"):
+    itk.soft_topk_mask(x, 5.5)  # k > n
+  with pytest.raises(ValueError, match="0 <= k <= n"):
+    itk.soft_topk_mask(x, jnp.array([1.0, -0.5, 2.0]))  # one row has k < 0
   with pytest.raises(ValueError):
     itk.soft_topk_mask(x, 2.0, l=0.0)
   with pytest.raises(ValueError):
@@ -333,7 +336,7 @@ def test_invalid_arguments_raise():
 _DTYPES = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 1e-2, "float16": 2e-3}
 
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_dtype_in_out(solver):
   xs = {d: _x((4, 16), seed=7, dtype=d) for d in _DTYPES}
   w = jnp.arange(16.0)
@@ -426,7 +429,7 @@ def test_jacobians_agree(solver):
     close(o["vjp"], np.asarray(v) @ j_fwd, 1e-10)
 
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_batched_jacobian_is_block_diagonal(solver):
   x = _x((3, 8), seed=10)
   k = jnp.array([1.5, 4.0, 6.5])
@@ -483,7 +486,7 @@ def test_grad_matches_finite_differences(solver):
   assert np.abs(np.asarray(grads[0])).max() > 1e-2  # not vacuous
 
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_hessian_vector_product(solver):
   x = _x((2, 10), seed=13)
   w = _x((2, 10), seed=14)
