@@ -6,8 +6,10 @@ length ``n``) after warm-up, the contenders of a cell interleaved (one call of e
 round, so a change in machine load hits all of them alike), median of ``--repeats``
 rounds:
 
-* ``implicit_topk.soft_sort`` / ``soft_rank`` (permutahedron LP, ``p = 2``, ``l = 1``:
-  PAV on the host, implicit derivatives), under ``jax.jit(jax.value_and_grad)``;
+* ``implicit_topk.soft_sort`` / ``soft_rank`` (permutahedron LP, ``p = 2``, ``l = 1``,
+  implicit derivatives), under ``jax.jit(jax.value_and_grad)``: the default solver
+  (``"auto"`` = ``"pav_jax"``, pure JAX) as ``implicit_topk``, and the host numba PAV
+  (``solver="pav"``) as ``implicit_topk pav``;
 * ``torchsort.soft_sort`` / ``soft_rank`` (``regularization="l2"``,
   ``regularization_strength = 1``: the same operators, checked below to agree to
   rounding), ``y = op(x); (w * y).sum().backward()``, with torch's default thread
@@ -51,12 +53,12 @@ def _jax_timer(op, x, w):
   return lambda: jax.block_until_ready(value_and_grad(x))
 
 
-def ours(kind, x, w, k):
+def ours(kind, x, w, k, solver="auto"):
   import implicit_topk as itk
 
-  ops = {"sort": lambda x: itk.soft_sort(x, l=L, p=2.0),
-         "rank": lambda x: itk.soft_rank(x, l=L, p=2.0),
-         "topk": lambda x: itk.soft_topk_values(x, k, l=L, p=2.0)}
+  ops = {"sort": lambda x: itk.soft_sort(x, l=L, p=2.0, solver=solver),
+         "rank": lambda x: itk.soft_rank(x, l=L, p=2.0, solver=solver),
+         "topk": lambda x: itk.soft_topk_values(x, k, l=L, p=2.0, solver=solver)}
   return _jax_timer(ops[kind], jnp.asarray(x), jnp.asarray(w))
 
 
@@ -97,12 +99,15 @@ def ott_timer(kind, x, w, k):
 # (operator, contender) -> timer factory
 CONTENDERS = {
     ("soft_sort", "implicit_topk"): lambda *a: ours("sort", *a),
+    ("soft_sort", "implicit_topk pav"): lambda *a: ours("sort", *a, solver="pav"),
     ("soft_sort", "torchsort"): lambda *a: torchsort_timer("sort", *a),
     ("soft_sort", "torchsort 1 thread"): lambda *a: torchsort_timer("sort", *a, threads=1),
     ("soft_rank", "implicit_topk"): lambda *a: ours("rank", *a),
+    ("soft_rank", "implicit_topk pav"): lambda *a: ours("rank", *a, solver="pav"),
     ("soft_rank", "torchsort"): lambda *a: torchsort_timer("rank", *a),
     ("soft_rank", "torchsort 1 thread"): lambda *a: torchsort_timer("rank", *a, threads=1),
     ("soft_topk_values", "implicit_topk"): lambda *a: ours("topk", *a),
+    ("soft_topk_values", "implicit_topk pav"): lambda *a: ours("topk", *a, solver="pav"),
     ("soft_topk_values", "ott-jax"): lambda *a: ott_timer("topk", *a),
 }
 

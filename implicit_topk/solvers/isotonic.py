@@ -299,29 +299,51 @@ class _Newton:
     return lax.while_loop(cond, body, state)[1]
 
 
+def _shift_by(a, k, fill):
+  """``a`` shifted along axis 1 by a traced ``k`` in [0, size]: ``out[j] = a[j + k]``
+  (``fill`` past the end)."""
+  size = a.shape[1]
+  padded = jnp.concatenate([a, jnp.full_like(a, fill)], axis=1)
+  return lax.dynamic_slice_in_dim(padded, k, size, axis=1)
+
+
+def _shift_back_by(a, k, fill):
+  """``out[j] = a[j - k]`` for a traced ``k`` in [0, size] (``fill`` before the start)."""
+  size = a.shape[1]
+  padded = jnp.concatenate([jnp.full_like(a, fill), a], axis=1)
+  return lax.dynamic_slice_in_dim(padded, size - k, size, axis=1)
+
+
 def _joins(model, stats, gallop):
   """``joins[:, j]``: block ``j`` merges into block ``j - 1`` (R, size) bool.
 
   Adjacent blocks with ``u_{j-1} <= u_j``, and for ``gallop`` levels (closed forms)
-  also where a run of 2, 4, ... blocks starting at ``j`` has a value >= ``u_{j-1}``,
-  or a run ending at ``j - 1`` a value <= ``u_j``: by the pooling lemma any runs
-  ``[a..j-1]``, ``[j..b]`` whose pooled values violate the order prove that
-  ``v*_{j-1} = v*_j``; these runs catch a large block swallowing its small
-  neighbours, one per round otherwise.
+  also where a run of 2, 4, ..., 2**gallop blocks starting at ``j`` has a value
+  >= ``u_{j-1}``, or such a run ending at ``j - 1`` a value <= ``u_j``: by the
+  pooling lemma any runs ``[a..j-1]``, ``[j..b]`` whose pooled values violate the
+  order prove that ``v*_{j-1} = v*_j``. These runs catch a large block swallowing
+  its small neighbours, one per round otherwise. Levels run in a loop, so that each
+  is computed once (XLA would fuse and recompute unrolled levels).
   """
   c = stats["c"]
+  size = c.shape[1]
   valid = (c > 0) & (lax.broadcasted_iota(jnp.int32, c.shape, 1) > 0)  # block 0 never joins
   u = model.value(stats)
   previous = _shift(u, -1, jnp.inf)
   joins = previous <= u
-  right, left = stats, stats
-  for level in range(gallop):
-    k = 2 ** level
-    if k >= c.shape[1]:
-      break
-    right = model.combine(right, {key: _shift(a, k, model.empty(key)) for key, a in right.items()})
-    left = model.combine({key: _shift(a, -k, model.empty(key)) for key, a in left.items()}, left)
-    joins |= (previous <= model.value(right)) | (_shift(model.value(left), -1, jnp.inf) <= u)
+  levels = min(gallop, max(0, int(size - 1).bit_length()))
+  if levels:
+    def level(q, carry):
+      right, left, joins = carry
+      k = jnp.left_shift(jnp.int32(1), q)
+      right = model.combine(right, {key: _shift_by(a, k, model.empty(key))
+                                    for key, a in right.items()})
+      left = model.combine({key: _shift_back_by(a, k, model.empty(key))
+                            for key, a in left.items()}, left)
+      joins |= (previous <= model.value(right)) | (_shift(model.value(left), -1, jnp.inf) <= u)
+      return right, left, joins
+
+    joins = lax.fori_loop(0, levels, level, (stats, stats, joins))[2]
   return valid & joins
 
 
@@ -334,7 +356,10 @@ def _sizes(n):
   return sizes
 
 
-def isotonic_blocks(s, w, l, regularizer, *, gallop: int = 2):
+_PLAIN_ROUNDS = 2  # rounds with adjacent tests only, before the run tests start
+
+
+def isotonic_blocks(s, w, l, regularizer, *, gallop: int = 8):
   """PAV blocks of the isotonic dual for rows sorted descending, in pure JAX.
 
   Args:
@@ -343,8 +368,10 @@ def isotonic_blocks(s, w, l, regularizer, *, gallop: int = 2):
     l: (R,) regularization strengths.
     regularizer: a :class:`~implicit_topk.regularizers.PNorm` (any p > 1) or
       :class:`~implicit_topk.regularizers.Entropy`.
-    gallop: levels of run tests (:func:`_joins`; closed forms only): the result is
-      the same, the rounds fewer, each round dearer.
+    gallop: levels of run tests (:func:`_joins`; closed forms only), used from round
+      ``_PLAIN_ROUNDS`` on (most inputs need fewer rounds; a long cascade needs
+      about ``length / 2**gallop`` rounds with them): the result is the same, the
+      rounds fewer, each round dearer.
 
   Returns:
     ``(values, ids, rounds)``: block values (R, n) (block ``j`` at index ``j``, 0 past
@@ -376,7 +403,12 @@ def isotonic_blocks(s, w, l, regularizer, *, gallop: int = 2):
     rounds, ids, stats, joins = state
     new_index = _cumsum((~joins).astype(jnp.int32)) - 1
     stats, ids = model.merge(stats, new_index, ids)
-    return rounds + 1, ids, stats, _joins(model, stats, gallop)
+    if gallop:
+      joins = lax.cond(rounds + 1 >= _PLAIN_ROUNDS, lambda st: _joins(model, st, gallop),
+                       lambda st: _joins(model, st, 0), stats)
+    else:
+      joins = _joins(model, stats, 0)
+    return rounds + 1, ids, stats, joins
 
   def blocks(stats):
     return jnp.max(jnp.sum(stats["c"] > 0, axis=1))
@@ -412,7 +444,7 @@ def isotonic_blocks(s, w, l, regularizer, *, gallop: int = 2):
 
   stats = model.init()
   state = (jnp.zeros((), jnp.int32), None if closed else position, stats,
-           _joins(model, stats, gallop))
+           _joins(model, stats, gallop if _PLAIN_ROUNDS <= 0 else 0))
   values, ids, rounds = solve(state, _sizes(n))
   values = jnp.where(ok[:, None], values, jnp.nan)
   ids = jnp.where(ok[:, None], ids, position)
