@@ -67,7 +67,7 @@ def test_neuralsort_softsort_match_difftopk():
 # ---------------------------------------------------------------- sorting networks
 
 
-@pytest.mark.parametrize("network", NETS)
+@pytest.mark.parametrize("network", ["odd_even", pytest.param("bitonic", marks=pytest.mark.slow)])
 def test_sorting_network_hard_limit_and_topk_rows(network):
   rng = np.random.default_rng(1)
   for n in (2, 5, 13):
@@ -83,6 +83,7 @@ def test_sorting_network_hard_limit_and_topk_rows(network):
     np.testing.assert_allclose(topk, full[..., :k, :], atol=1e-12)
 
 
+@pytest.mark.slow
 def test_sorting_network_grads_and_validation():
   x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 6)))
   check_grads(lambda z: B.sorting_network(z, network="bitonic", steepness=2.0, k=2)[1], (x,), order=1,
@@ -149,6 +150,7 @@ def test_perturbed_memberships_shape_and_limits():
 # ---------------------------------------------------------------- optimal transport
 
 
+@pytest.mark.slow
 def test_ot_topk_matches_ott(epsilon=0.05):
   from ott.tools import soft_sort
 

@@ -80,7 +80,7 @@ def test_unrolled_sweeps_equal_the_while_loop_iterates():
 
 @pytest.mark.parametrize("n", [10, pytest.param(100, marks=pytest.mark.slow),
                                pytest.param(1000, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("ties", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_dykstra_matches_pav_at_tol(n, ties):
   x = _rows(5 + n, (4, n), ties=ties)
   for k in (max(1.0, n / 10), n / 10 + 0.37):
@@ -90,6 +90,7 @@ def test_dykstra_matches_pav_at_tol(n, ties):
     np.testing.assert_allclose(y, exact, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_dykstra_implicit_gradient_matches_the_exact_one():
   x, w = _rows(6, (3, 300)), _rows(7, (3, 300))
   f = lambda x, solver: jnp.sum(w * itk.soft_topk_mask(x, 30.4, l=0.5, p=2.0, solver=solver))
@@ -177,6 +178,7 @@ def test_dykstra_errors_name_the_argument():
 # -- the seed README, through compat ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_seed_readme_dykstra_examples():
   values = jnp.array([-5.0, -2.0, 3.0, 1.0])
   np.testing.assert_array_equal(compat.sparse_soft_topk_mask_dykstra(values, k=2, l=1e-2),

@@ -178,6 +178,7 @@ def test_smooth_svm_matches_difftopk():
 # ---------------------------------------------------------------- soft error
 
 
+@pytest.mark.slow
 def test_soft_error_hand_values_and_grads():
   logits = jnp.array([[3.0, 1.0, 2.0], [3.0, 1.0, 2.0]])
   np.testing.assert_allclose(L.soft_error_loss(logits, jnp.array([1, 0]), l=1e-3, reduction="none"), [2.0, 0.0],

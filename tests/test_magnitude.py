@@ -30,6 +30,8 @@ jax.config.update("jax_enable_x64", True)
 
 SOLVERS = ("pav", "threshold")
 PS = (4 / 3, 1.5, 2.0, 3.0)
+# the fast suite keeps the default p = 4/3 (one numba kernel), the slow group the others
+PS_FAST = PS[:1] + tuple(pytest.param(p, marks=pytest.mark.slow) for p in PS[1:])
 _SETTINGS = settings(max_examples=15, deadline=None, print_blob=True,
                      suppress_health_check=[HealthCheck.too_slow])
 
@@ -189,7 +191,7 @@ def test_seed_readme_batched():
 # -- against independent solvers --------------------------------------------------------
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 def test_matches_slsqp_on_the_reference_isotonic_dual(p):
   """The library's threshold gives a feasible dual point at least as good as SLSQP's
   (so it is the optimum; SLSQP itself is only accurate to ~1e-3 in y for p < 2, where
@@ -208,6 +210,7 @@ def test_matches_slsqp_on_the_reference_isotonic_dual(p):
         np.testing.assert_allclose(out, _from_dual(x, v, order, l, p), atol=1e-12)
 
 
+@pytest.mark.slow
 def test_p2_matches_numpy_weighted_pav_and_dykstra_agrees_at_tol():
   x = _rows(2, (6, 20))
   for k in (1.0, 4.0, 7.5):
@@ -219,7 +222,7 @@ def test_p2_matches_numpy_weighted_pav_and_dykstra_agrees_at_tol():
       np.testing.assert_allclose(dykstra, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 def test_matches_brent_on_the_threshold_equation(p):
   x = _rows(3, (4, 12), ties=True)
   for k in (1.0, 3.0, 5.5):
@@ -229,7 +232,7 @@ def test_matches_brent_on_the_threshold_equation(p):
         np.testing.assert_allclose(mag(x, k, l, p=p, solver=solver), expected, atol=1e-9)
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 @pytest.mark.parametrize("ties", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_pav_and_threshold_agree_to_1e_10(p, ties):
   x = _rows(4, (16, 40), ties=ties)
@@ -243,9 +246,9 @@ def test_pav_and_threshold_agree_to_1e_10(p, ties):
 
 
 # Both solvers differentiate the same optimality function; they differ only in lam.
-@pytest.mark.parametrize("solver,p", [("pav", 4 / 3), ("pav", 2.0)] + [
+@pytest.mark.parametrize("solver,p", [("pav", 4 / 3)] + [
     pytest.param(*case, marks=pytest.mark.slow)
-    for case in (("pav", 1.5), ("pav", 3.0), ("threshold", 4 / 3))])
+    for case in (("pav", 1.5), ("pav", 2.0), ("pav", 3.0), ("threshold", 4 / 3))])
 def test_check_grads_fwd_and_rev(solver, p):
   x = jnp.asarray(_rows(5, (3, 9)))
   f = _fn(solver, p)
@@ -377,7 +380,8 @@ def test_errors():
     compat.sparse_soft_topk_mag_dykstra(x, 2, num_iter=1)
 
 
-@pytest.mark.parametrize("solver", ["pav", pytest.param("threshold", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", SOLVERS)
 def test_dtypes_axis_jit_vmap(solver):
   x = _rows(7, (3, 5, 8))
   ref = mag(x, 2.5, 0.2, p=4 / 3, solver=solver)

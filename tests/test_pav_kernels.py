@@ -28,6 +28,9 @@ from implicit_topk.solvers.pav_kernels import (  # noqa: E402
 )
 
 PS = [4.0 / 3.0, 1.5, 2.0, 3.0]
+# each p selects its own numba kernel (about 10 s to compile): the fast suite keeps
+# the default p = 4/3, the slow group the others
+PS_FAST = PS[:1] + [pytest.param(p, marks=pytest.mark.slow) for p in PS[1:]]
 EPS = np.finfo(np.float64).eps
 
 
@@ -183,7 +186,7 @@ def test_block_solver_direct(p, scale):
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 def test_isotonic_matches_slsqp(p):
     rng = np.random.default_rng(int(1000 * p))
     B, n = 5, 8
@@ -205,7 +208,7 @@ def test_isotonic_matches_slsqp(p):
         check_kkt(S[b], W[b], L[b], p, V[b])
 
 
-@pytest.mark.parametrize("p", PS + [2.5])
+@pytest.mark.parametrize("p", PS_FAST + [pytest.param(2.5, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_isotonic_kkt_random(p, dtype):
     rng = np.random.default_rng(7 + int(10 * p))
@@ -222,7 +225,7 @@ def test_isotonic_kkt_random(p, dtype):
         check_kkt(S[b], W[b], L[b], p, V[b])
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 def test_isotonic_unsorted_rows_still_optimal(p):
     # sortedness is only needed for the permutahedron interpretation; PAV
     # solves the isotonic problem for any data (and any w here).
@@ -235,7 +238,7 @@ def test_isotonic_unsorted_rows_still_optimal(p):
         check_kkt(S[b], W[b], L[b], p, V[b])
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 def test_isotonic_shared_w_and_singletons(p):
     rng = np.random.default_rng(3)
     B, n = 4, 30
@@ -254,7 +257,8 @@ def test_isotonic_shared_w_and_singletons(p):
         v, s_sep[0] - np.sign(w) * np.abs(w) ** (p - 1.0), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0, 1.5])
+@pytest.mark.parametrize("p", [4.0 / 3.0, pytest.param(2.0, marks=pytest.mark.slow),
+                               pytest.param(1.5, marks=pytest.mark.slow)])
 def test_isotonic_large_offset_cancellation(p):
     """Huge common offset with a tiny spread: the O(1) moment-based solvers
     must still yield machine-precision block values (cubic: after polishing)."""
@@ -268,6 +272,7 @@ def test_isotonic_large_offset_cancellation(p):
     assert len(np.unique(v)) < n  # there were merges
 
 
+@pytest.mark.slow
 def test_isotonic_nonfinite_and_validation():
     s = np.array([[3.0, 2.0, 1.0], [3.0, np.nan, 1.0]])
     w = np.array([1.0, 0.5, 0.0])
@@ -295,7 +300,7 @@ def make_x(rng, B, n, dtype):
 
 @pytest.mark.parametrize("dtype", [pytest.param(np.float32, marks=pytest.mark.slow), np.float64])
 @pytest.mark.parametrize("l", [1e-3, 0.1, 10.0])
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 def test_capped_against_bisection(p, l, dtype):
     rng = np.random.default_rng([int(p * 1000), int(l * 1e4), np.dtype(dtype).itemsize])
     B, n = 10, 25
@@ -325,7 +330,7 @@ def test_capped_against_bisection(p, l, dtype):
                                        rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 def test_capped_integer_k_binary_interval(p):
     # well separated: solution is the top-k indicator; lam is the midpoint of
     # [x_(k+1), x_(k) - l].
@@ -336,6 +341,7 @@ def test_capped_integer_k_binary_interval(p):
     np.testing.assert_array_equal(y[0], [1, 0, 0, 0, 1])
 
 
+@pytest.mark.slow
 def test_capped_p2_matches_euclidean_projection():
     """p = 2: y is the Euclidean projection of x / l onto the capped simplex."""
     rng = np.random.default_rng(5)
@@ -355,7 +361,7 @@ def test_capped_p2_matches_euclidean_projection():
         np.testing.assert_allclose(y[b], res.x, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS_FAST)
 def test_capped_nonfinite(p):
     inf, nan = np.inf, np.nan
     l = 0.5
@@ -409,6 +415,7 @@ def test_capped_read_only_input_and_broadcast_args():
     assert np.ndim(capped_simplex_threshold(x_copy[0], 5.5, 0.1, 2.0)) == 0
 
 
+@pytest.mark.slow
 def test_capped_jax_buffer():
     jnp = pytest.importorskip("jax.numpy")
     x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 20)), dtype=jnp.float32)
@@ -418,6 +425,7 @@ def test_capped_jax_buffer():
     np.testing.assert_allclose(y.sum(1), [3.0, 4.5, 1.0], atol=1e-10)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -446,7 +454,7 @@ def test_capped_property(data, kfrac, p, l, integer_k):
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0])
+@pytest.mark.parametrize("p", [4.0 / 3.0, pytest.param(2.0, marks=pytest.mark.slow)])
 def test_large_row(p):
     rng = np.random.default_rng(0)
     n = 1_000_000
@@ -461,6 +469,7 @@ def test_large_row(p):
     assert abs(y.sum() - k) <= 1e-8 * k
 
 
+@pytest.mark.slow
 def test_general_p_medium_row_with_big_block():
     # l large: every entry is fractional -> one block spanning the row
     # (worst case O(n * block size) for general p); must still be exact.

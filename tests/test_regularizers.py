@@ -56,7 +56,7 @@ def _slsqp_mask(x, k, l, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", ["threshold", pytest.param("pav", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("k", [1.0, 2.0, 3.7])
 def test_matches_an_independent_root_and_the_primal_problem(name, solver, k):
   x = _rows(0, (4, 9))
@@ -66,7 +66,7 @@ def test_matches_an_independent_root_and_the_primal_problem(name, solver, k):
     np.testing.assert_allclose(row, _slsqp_mask(x_row, k, 0.7, name), atol=2e-5)
 
 
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", ["threshold", pytest.param("pav", marks=pytest.mark.slow)])
 def test_k1_entropy_is_softmax(solver):
   x = _rows(1, (3, 11), scale=3.0)
   for l in (0.1, 1.0, 10.0):
@@ -81,7 +81,7 @@ def _numpy_sparsemax(z):
   return np.maximum(z - cumsum[support - 1] / support, 0)
 
 
-@pytest.mark.parametrize("solver", ["threshold", "pav"])
+@pytest.mark.parametrize("solver", ["threshold", pytest.param("pav", marks=pytest.mark.slow)])
 def test_k1_p2_is_sparsemax(solver):
   x = _rows(2, (4, 13))
   y = itk.soft_topk_mask(x, 1, l=0.5, p=2.0, solver=solver)
@@ -205,6 +205,7 @@ class Arctan:
     return -jnp.log(jnp.sin(jnp.pi * y)) / jnp.pi
 
 
+@pytest.mark.slow
 def test_user_defined_pnorm_equals_the_builtin():
   x, w = _rows(6, (3, 12)), _rows(7, (3, 12))
   mine = lambda x: itk.soft_topk_mask(x, 4.2, l=0.3, regularizer=HandWrittenPNorm(1.5), solver="threshold")

@@ -29,6 +29,7 @@ def test_seed_1d_examples():
   np.testing.assert_array_equal(compat.hard_topk_mag(values, k=2), [-5, 0, 3, 0])
 
 
+@pytest.mark.slow
 def test_seed_batched_example(legacy_prng):
   values = (5 * jax.random.normal(jax.random.PRNGKey(2), (2, 3, 4), jnp.float32)).astype(jnp.int32)
   np.testing.assert_array_equal(values, [[[-11, 1, 4, -7], [5, 1, 4, 1], [-10, -3, 4, -6]],

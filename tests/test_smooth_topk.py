@@ -89,7 +89,7 @@ def hard_mask(x, k):
 # -- grad_topk: exactness ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n, ks", [(2, (1,)), (5, (1, 2, 3, 4)), (_N, _KS)])
+@pytest.mark.parametrize("n, ks", [(2, (1,)), (5, (1, 2, 3, 4)), pytest.param(_N, _KS, marks=pytest.mark.slow)])
 def test_grad_topk_equals_brute_force_enumeration(n, ks):
   x = _rows(n, (_B, n))
   ls = np.array([0.2, 0.7, 1.0, 5.0])
@@ -334,6 +334,7 @@ def test_iterative_weighted_does_not_converge_its_limit_is_1_5_and_0_5():
   np.testing.assert_allclose(naive, [1.0, 0.0, 1.0, 0.0, 0.0], atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["logits", "weighted"])
 def test_iterative_check_grads_and_dtypes(variant):
   x = jnp.asarray(_rows(13, (_B, _N)))

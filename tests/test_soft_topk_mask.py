@@ -15,6 +15,11 @@ SOLVERS = ["pav", "threshold"]
 PS = [4 / 3, 1.5, 2.0, 3.0]
 
 
+def _slow(*values):
+  """Parameter values that run in the slow group (`pytest -m slow`) only."""
+  return [pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
 def _random_rows(seed, shape, ties=False):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=shape)
@@ -54,7 +59,7 @@ def _exact_capped_simplex_projection(v, k):
   return np.clip(v - tau, 0, 1)
 
 
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", [*_slow("pav"), "threshold"])
 @pytest.mark.parametrize("k", [1.0, 3.0, 2.5])
 def test_p2_is_the_euclidean_projection_of_x_over_l(solver, k):
   x = _random_rows(0, (5, 12))
@@ -80,7 +85,7 @@ def test_p2_is_the_euclidean_projection_of_x_over_l(solver, k):
   np.testing.assert_allclose(y, jax.vmap(tight)(x / l), atol=1e-10)
 
 
-@pytest.mark.parametrize("p", [4 / 3, 1.5, 3.0])
+@pytest.mark.parametrize("p", [4 / 3, *_slow(1.5, 3.0)])
 @pytest.mark.parametrize("k", [2.0, 3.7])
 def test_matches_scipy_slsqp_on_small_problems(p, k):
   x = np.asarray(_random_rows(1, (8,)))
@@ -91,7 +96,7 @@ def test_matches_scipy_slsqp_on_small_problems(p, k):
       np.testing.assert_allclose(y, expected, atol=2e-5)
 
 
-@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("p", PS[:1] + _slow(*PS[1:]))
 @pytest.mark.parametrize("ties", [False, True])
 def test_pav_and_threshold_agree_to_1e_10(p, ties):
   x = _random_rows(2, (16, 50), ties=ties)
@@ -115,7 +120,7 @@ def test_solution_is_exactly_sparse_and_exactly_one_at_the_top():
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-@pytest.mark.parametrize("p", [4 / 3, 2.0, 3.0])
+@pytest.mark.parametrize("p", [4 / 3, *_slow(2.0, 3.0)])
 def test_check_grads_fwd_and_rev(solver, p):
   x = _random_rows(3, (3, 9))
   w = _random_rows(4, (3, 9))
@@ -135,7 +140,7 @@ def test_jaxopt_backend_reverse_mode_matches_lax_backend():
   np.testing.assert_allclose(grads[0], grads[1], atol=1e-12)
 
 
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", [*_slow("pav"), "threshold"])
 @pytest.mark.parametrize("argument", ["k", "l"])
 def test_gradients_wrt_k_and_l_match_finite_differences(solver, argument):
   x = _random_rows(7, (2, 15))
@@ -158,7 +163,7 @@ def test_gradient_is_zero_where_every_coordinate_is_saturated():
   assert np.array_equal(np.asarray(g), np.zeros((4, 4)))
 
 
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", [*_slow("pav"), "threshold"])
 def test_k_derivative_at_a_binary_solution_is_the_documented_zero(solver):
   """Binary solution (integer k, gap > l): y is not differentiable in k there.
 
@@ -189,6 +194,7 @@ def test_unrolled_threshold_gradient_converges_to_the_implicit_one():
 # -- solver objects ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_solver_objects_report_state_and_optimality():
   x = _random_rows(11, (6, 40))
   for solver in (itk.ThresholdSolver(), itk.PAVSolver()):

@@ -99,6 +99,7 @@ def test_k_of_the_wrong_shape_is_named():
     itk.soft_topk_mag(jnp.ones((3, 5)), 2.0, l=jnp.full((2,), 0.5))
 
 
+@pytest.mark.slow
 def test_mask_and_magnitude_run_on_the_same_solver_objects():
   x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 50)))
   for name in ("threshold", "pav"):
@@ -123,6 +124,7 @@ class _Custom:
     return jnp.clip(z, 0.0, 1.0)
 
 
+@pytest.mark.slow
 def test_user_regularizers_work_or_say_what_they_lack():
   with pytest.raises(TypeError, match=r"must provide `mask` \(see"):
     itk.soft_topk_mask(jnp.ones(4), 2.0, regularizer=_NoMask())

@@ -38,6 +38,8 @@ parametrize_solver = pytest.mark.parametrize("solver", SOLVERS)
 # the threshold solver compiles slowly: some of its cases are in the slow group
 parametrize_solver_slow_threshold = pytest.mark.parametrize(
     "solver", [pytest.param("threshold", marks=pytest.mark.slow), "pav"])
+parametrize_solver_slow_pav = pytest.mark.parametrize(
+    "solver", ["threshold", pytest.param("pav", marks=pytest.mark.slow)])
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -208,6 +210,7 @@ def test_vmap_matches_batched_call(solver):
     close(out["mapped_k_only"][b], _soft(x[0], float(k[b]), solver=solver))
 
 
+@pytest.mark.slow
 @parametrize_solver_slow_threshold
 def test_nested_vmap(solver):
   x = _x((3, 4, 9), seed=2)
@@ -231,6 +234,7 @@ def test_nested_vmap(solver):
     close(grid[:, j], _soft(x[0], float(ks[j]), solver=solver))
 
 
+@pytest.mark.slow
 @parametrize_solver_slow_threshold
 def test_any_leading_batch_shape(solver):
   x = _x((2, 3, 2, 7), seed=3)
@@ -251,6 +255,7 @@ def test_any_leading_batch_shape(solver):
 # axis and per-row k
 # ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @parametrize_solver_slow_threshold
 def test_axis_equals_moving_the_axis(solver):
   x = _x((5, 6, 7), seed=4)
@@ -289,6 +294,7 @@ def test_axis_equals_moving_the_axis(solver):
   close(col.sum(-1), jnp.broadcast_to(ks[2][:, :1], batch[2]), 1e-10)
 
 
+@pytest.mark.slow
 @parametrize_solver_slow_threshold
 def test_per_row_k_matches_row_by_row(solver):
   x = _x((6, 12), seed=6)
@@ -429,6 +435,7 @@ def test_jacobians_agree(solver):
     close(o["vjp"], np.asarray(v) @ j_fwd, 1e-10)
 
 
+@pytest.mark.slow
 @parametrize_solver_slow_threshold
 def test_batched_jacobian_is_block_diagonal(solver):
   x = _x((3, 8), seed=10)
@@ -454,7 +461,7 @@ def test_batched_jacobian_is_block_diagonal(solver):
         assert np.all(block == 0.0)
 
 
-@parametrize_solver
+@parametrize_solver_slow_pav
 def test_grad_matches_finite_differences(solver):
   """Gradients w.r.t. x, k and l against central differences (float64)."""
   x = _x((2, 10), seed=11)
@@ -486,6 +493,7 @@ def test_grad_matches_finite_differences(solver):
   assert np.abs(np.asarray(grads[0])).max() > 1e-2  # not vacuous
 
 
+@pytest.mark.slow
 @parametrize_solver_slow_threshold
 def test_hessian_vector_product(solver):
   x = _x((2, 10), seed=13)
@@ -520,6 +528,7 @@ def test_hessian_vector_product(solver):
 
 
 # the backend imports jaxopt, which warns that it is unmaintained (expected here)
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
 @parametrize_solver
 def test_implicit_diff_backends(solver):
@@ -557,6 +566,7 @@ def test_implicit_diff_backends(solver):
   close(t, jnp.vdot(out["lax"]["grads"][0], w), 1e-10)
 
 
+@pytest.mark.slow
 def test_unrolled_threshold_matches_implicit():
   x = _x((2, 10), seed=18)
   k = jnp.array([2.5, 6.0])
@@ -577,7 +587,7 @@ def test_unrolled_threshold_matches_implicit():
     itk.PAVSolver(implicit_diff=False).mask(x, k, l)
 
 
-@parametrize_solver
+@parametrize_solver_slow_threshold
 def test_solver_objects(solver):
   """The object API: run -> OptStep(lam, RootState), optimality_fun, mask."""
   cls = {"threshold": itk.ThresholdSolver, "pav": itk.PAVSolver}[solver]
@@ -610,6 +620,7 @@ def test_solver_objects(solver):
 # sharding (2 host devices in a subprocess started by the module fixture)
 # ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sharded_batch_matches_unsharded(_sharding_process):
   proc = _sharding_process
   assert proc is not None
