@@ -2,15 +2,19 @@
 
 Top-k (and sort, rank, quantile) as regularized linear programs over the capped simplex
 and the permutahedron, solved exactly (numba PAV, a pure-JAX threshold Newton) or
-approximately (Dykstra), and differentiated implicitly.
+approximately (Dykstra), and differentiated implicitly. The threshold operators also
+run along an axis split over devices (``axis_name=``, or a sharded input under
+``jax.jit``), within the ragged segments of a flat axis (:func:`segment_soft_topk_mask`),
+over a whole pytree with one global threshold (:func:`tree_soft_topk_mask`,
+:func:`tree_soft_topk_mag`), and on padded rows (``where=``).
 """
 
 from implicit_topk import baselines, losses, problems
 from implicit_topk.hard import hard_topk_mag, hard_topk_mask
 from implicit_topk.losses import (smooth_topk_svm_loss, soft_error_loss, topk_cross_entropy,
                                   topk_fenchel_young_loss)
-from implicit_topk.magnitude import soft_topk_mag
-from implicit_topk.ops import soft_topk_mask
+from implicit_topk.magnitude import soft_topk_mag, tree_soft_topk_mag
+from implicit_topk.ops import segment_soft_topk_mask, soft_topk_mask, tree_soft_topk_mask
 from implicit_topk.permutahedron import (permutahedron_argmax, soft_quantile, soft_rank, soft_sort,
                                          soft_topk_values)
 from implicit_topk.regularizers import BinaryEntropy, Entropy, Laplace, PNorm, Regularizer
@@ -22,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "soft_topk_mask", "soft_topk_mag", "hard_topk_mask", "hard_topk_mag",
+    "segment_soft_topk_mask", "tree_soft_topk_mask", "tree_soft_topk_mag",
     "soft_sort", "soft_rank", "soft_quantile", "soft_topk_values", "permutahedron_argmax",
     "grad_topk", "iterative_softmax_topk", "sparse_softmax",
     "topk_cross_entropy", "topk_fenchel_young_loss", "smooth_topk_svm_loss", "soft_error_loss",

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from implicit_topk import _validation
+from implicit_topk.problems import layout as _layout
 
 
 def apply_on_axis(fn: Callable, x, axis: int, *, name: str = "x"):
@@ -40,20 +41,36 @@ def input_size(x) -> int:
   return int(np.size(x))
 
 
-def _solve_rows(x, k, l, *, solver, axis, return_info):
-  def on_rows(rows):
-    dtype = rows.dtype
-    batch_shape = rows.shape[:-1]
-    k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), batch_shape)
-    l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), batch_shape)
-    rows = solver.problem.normalize(rows, l_rows)
-    step = solver.run(None, rows, k_rows, l_rows)
-    y = solver.primal(step.params, rows, l_rows)
-    # A traced l is not checked: l <= 0 (or NaN) gives NaN rows, never a wrong mask.
-    return jnp.where((l_rows > 0)[..., None], y, jnp.nan), step.state
+def _solve(solver, rows, k, l, *, where=None, return_info=False):
+  """The operator on ``rows`` laid out by ``solver.layout``: normalize, solve, map back.
 
-  y, state = apply_on_axis(on_rows, x, axis)
-  return (y, state) if return_info else y
+  ``where`` (same shape as ``rows``): entries outside it take the problem's
+  ``excluded_value`` (never selected) and are returned as exactly 0.
+  """
+  layout = solver.layout
+  if where is not None:
+    rows = jnp.where(where, rows, jnp.asarray(solver.problem.excluded_value, rows.dtype))
+  dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
+  k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)
+  l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), row_shape)
+  rows = solver.problem.normalize(rows, l_rows)
+  step = solver.run(None, rows, k_rows, l_rows)
+  y = solver.primal(step.params, rows, l_rows)
+  # A traced l is not checked: l <= 0 (or NaN) gives NaN rows, never a wrong mask.
+  y = layout.map(lambda v, l_: jnp.where(l_ > 0, v, jnp.nan), y, layout.expand(l_rows, rows))
+  if where is not None:
+    y = jnp.where(where, y, jnp.zeros_like(y))
+  return (y, step.state) if return_info else y
+
+
+def _solve_rows(x, k, l, where, segment_ids, *, solver, axis, return_info):
+  if segment_ids is not None:
+    solver = solver.with_layout(solver.layout.bind(segment_ids))
+  if where is not None:
+    where = jnp.moveaxis(where, axis, -1)
+  out = apply_on_axis(
+      lambda rows: _solve(solver, rows, k, l, where=where, return_info=True), x, axis)
+  return out if return_info else out[0]
 
 
 _solve_rows_jit = jax.jit(_solve_rows, static_argnames=("solver", "axis", "return_info"))
@@ -67,8 +84,28 @@ def _hashable(value) -> bool:
   return True
 
 
-def threshold_operator(solver, x, k, l, *, axis: int, return_info: bool = False):
+def check_where(where, x, name: str = "where"):
+  """``where`` as a boolean array of the shape of ``x`` (ValueError / TypeError otherwise)."""
+  if where is None:
+    return None
+  where = jnp.asarray(where)
+  if where.shape != x.shape:
+    raise ValueError(f"`{name}` must be a boolean array of the shape of `x` {x.shape}; "
+                     f"got shape {where.shape}.")
+  if where.dtype != jnp.bool_:
+    raise TypeError(f"`{name}` must be a boolean array (True = a valid entry); got dtype "
+                    f"{where.dtype}.")
+  return where
+
+
+def threshold_operator(solver, x, k, l, *, axis: int, return_info: bool = False,
+                       where=None, axis_name=None):
   """Validates ``x``, ``axis``, ``k`` (0 <= k <= n) and ``l`` (> 0), then solves along ``axis``.
+
+  ``where`` (boolean, the shape of ``x``): entries outside it are excluded (exactly 0,
+  never selected) and, when ``where`` is concrete, ``k`` is checked against each row's
+  count of valid entries. ``axis_name``: the reduced axis is split over that mesh axis
+  (inside ``shard_map``); ``n`` is then the local size times the axis size.
 
   Returns the operator's output with the shape and dtype of ``x`` (and the solver's
   ``RootState`` with ``return_info``). The computation is one ``jax.jit`` keyed on the
@@ -78,9 +115,104 @@ def threshold_operator(solver, x, k, l, *, axis: int, return_info: bool = False)
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
   batch_shape = x.shape[:axis] + x.shape[axis + 1:]
-  _validation.check_k(k, x.shape[axis])
+  n = x.shape[axis]
+  if axis_name is not None:
+    _layout.check_axis_name(axis_name, x)
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    for one in names:
+      n *= jax.lax.axis_size(one)
+    solver = solver.with_layout(_layout.LastAxis(axis_name))
+  where = check_where(where, x)
+  _validation.check_k(k, n)
+  concrete_where = None if where is None else _validation.concrete(where)
+  if concrete_where is not None and axis_name is None:
+    _validation.check_k_per_row(k, np.sum(concrete_where, axis=axis), "the number of "
+                                "valid entries (`where`) of the row")
   _validation.check_positive(l, "l")
   _validation.check_broadcast(k, batch_shape, "k")
   _validation.check_broadcast(l, batch_shape, "l")
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
-  return run(x, k, l, solver=solver, axis=axis, return_info=return_info)
+  return run(x, k, l, where, None, solver=solver, axis=axis, return_info=return_info)
+
+
+def segment_operator(solver, x, segment_ids, k, l, *, num_segments, axis: int = -1,
+                     indices_are_sorted: bool = False, return_info: bool = False):
+  """Validates a segmented input and solves one threshold per segment along ``axis``.
+
+  ``segment_ids``: integers of shape ``(x.shape[axis],)`` in ``[0, num_segments)``;
+  ``k`` and ``l`` broadcast to ``batch + (num_segments,)``; concrete ``k`` is checked
+  against each segment's size. Returns what :func:`threshold_operator` returns.
+  """
+  x = _validation.as_float_input(x)
+  axis = _validation.canonicalize_axis(axis, x.ndim)
+  n = x.shape[axis]
+  segment_ids = jnp.asarray(segment_ids)
+  if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+    raise TypeError(f"`segment_ids` must be an integer array; got dtype {segment_ids.dtype}.")
+  if segment_ids.shape != (n,):
+    raise ValueError(f"`segment_ids` must have shape ({n},) (one id per entry of the reduced "
+                     f"axis of `x`); got shape {segment_ids.shape}.")
+  ids = _validation.concrete(segment_ids)
+  if num_segments is None:
+    if ids is None:
+      raise ValueError("`num_segments` must be given (a Python int) when `segment_ids` is "
+                       "traced (e.g. under jax.jit).")
+    num_segments = int(ids.max()) + 1 if ids.size else 1
+  num_segments = _validation.check_count(num_segments, "num_segments")
+  if ids is not None and ids.size and (ids.min() < 0 or ids.max() >= num_segments):
+    bad = ids[(ids < 0) | (ids >= num_segments)]
+    raise ValueError(f"`segment_ids` must lie in [0, num_segments) = [0, {num_segments}); "
+                     f"got ids {sorted(set(bad.tolist()))[:8]}.")
+  row_shape = x.shape[:axis] + x.shape[axis + 1:] + (num_segments,)
+  _validation.check_broadcast(k, row_shape, "k", what="batch + (num_segments,)")
+  _validation.check_broadcast(l, row_shape, "l", what="batch + (num_segments,)")
+  _validation.check_k(k, n)
+  if ids is not None:
+    sizes = np.bincount(ids, minlength=num_segments)
+    _validation.check_k_per_row(k, sizes, "the size of its segment")
+  _validation.check_positive(l, "l")
+  layout = _layout.Segments(num_segments, indices_are_sorted=bool(indices_are_sorted))
+  solver = solver.with_layout(layout)
+  run = _solve_rows_jit if _hashable(solver) else _solve_rows
+  return run(x, k, l, None, segment_ids, solver=solver, axis=axis, return_info=return_info)
+
+
+def _solve_tree(tree, k, l, *, solver, return_info):
+  leaves, treedef = jax.tree.flatten(tree)
+  dtype = _validation.compute_dtype(jnp.result_type(*leaves))
+  rows = treedef.unflatten([leaf.astype(dtype) for leaf in leaves])
+  y, state = _solve(solver, rows, k, l, return_info=True)
+  y = treedef.unflatten([out.astype(leaf.dtype)
+                         for out, leaf in zip(treedef.flatten_up_to(y), leaves)])
+  return (y, state) if return_info else y
+
+
+_solve_tree_jit = jax.jit(_solve_tree, static_argnames=("solver", "return_info"))
+
+
+def tree_operator(solver, tree, k, l, *, name: str, return_info: bool = False):
+  """Validates a pytree of float arrays and solves one threshold over all its entries.
+
+  ``k`` (``0 <= k <=`` the total number of entries) and ``l`` are scalars. Returns a
+  pytree of the structure of ``tree``, each leaf with its own shape and dtype.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  if not leaves:
+    raise ValueError(f"`{name}` must be a pytree with at least one array leaf; got {tree!r}.")
+  checked = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    leaf = jnp.asarray(leaf)
+    if not jnp.issubdtype(leaf.dtype, jnp.floating):
+      raise TypeError(f"every leaf of `{name}` must have a floating dtype; the leaf at "
+                      f"{jax.tree_util.keystr(path) or '(root)'} has dtype {leaf.dtype}.")
+    checked.append(leaf)
+  n = sum(int(np.size(leaf)) for leaf in checked)
+  for value, arg in ((k, "k"), (l, "l")):
+    if np.ndim(value) != 0:
+      raise ValueError(f"`{arg}` must be a scalar (one threshold for the whole pytree); got "
+                       f"shape {np.shape(value)}.")
+  _validation.check_k(k, n)
+  _validation.check_positive(l, "l")
+  solver = solver.with_layout(_layout.Tree())
+  run = _solve_tree_jit if _hashable(solver) else _solve_tree
+  return run(treedef.unflatten(checked), k, l, solver=solver, return_info=return_info)

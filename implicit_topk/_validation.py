@@ -57,6 +57,9 @@ def _concrete(value):
     return None
 
 
+concrete = _concrete
+
+
 K_RULE = ("0 <= k <= n: k = n selects the whole row (a mask of ones), k = 0 nothing "
           "(a mask of zeros)")
 
@@ -84,6 +87,34 @@ def check_k(k, n: int, *, integer: bool = False, allow_zero: bool = True,
     bound = f"0 {'<=' if allow_zero else '<'} {name} {'<=' if allow_n else '<'} n"
     raise ValueError(f"`{name}` must satisfy {bound} with n={n} (the size of the reduced "
                      f"axis); got {k!r}.")
+
+
+def check_k_per_row(k, counts, what: str, name: str = "k"):
+  """Checks ``k <= counts`` entrywise (``counts``: per-row sizes, e.g. a segment's size or
+  a row's number of valid entries) when ``k`` is concrete; ``what`` names the bound."""
+  value = _concrete(k)
+  if value is None:
+    return
+  counts = np.asarray(counts)
+  try:
+    value, counts = np.broadcast_arrays(value, counts)
+  except ValueError:
+    return  # the shape check reports it
+  bad = value > counts
+  if np.any(bad):
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise ValueError(
+        f"`{name}` must satisfy 0 <= {name} <= {what}; at index {index} {name} = "
+        f"{value[index]!r} but the bound is {int(counts[index])}.")
+
+
+def check_count(value, name: str) -> int:
+  """Checks a static count: a Python int >= 1."""
+  if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+    raise TypeError(f"`{name}` must be a Python int (it fixes a static shape); got {value!r}.")
+  if value < 1:
+    raise ValueError(f"`{name}` must be >= 1; got {value!r}.")
+  return int(value)
 
 
 def check_positive(value, name: str):
@@ -134,7 +165,8 @@ def check_tol(tol) -> float:
   return value
 
 
-def check_broadcast(value, batch_shape, name: str):
+def check_broadcast(value, batch_shape, name: str,
+                    what: str = "the input's shape without the reduced axis"):
   """Checks that ``value`` broadcasts to ``batch_shape`` (the input without its axis)."""
   shape = np.shape(value)
   try:
@@ -144,4 +176,4 @@ def check_broadcast(value, batch_shape, name: str):
   if result != tuple(batch_shape):
     raise ValueError(
         f"`{name}` must be a scalar or broadcast to the batch shape {tuple(batch_shape)} "
-        f"(the input's shape without the reduced axis); got shape {shape}.")
+        f"({what}); got shape {shape}.")

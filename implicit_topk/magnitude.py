@@ -65,6 +65,8 @@ def soft_topk_mag(
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
+    where=None,
+    axis_name=None,
 ):
   r"""Sparse, differentiable top-k in magnitude along ``axis``.
 
@@ -112,6 +114,17 @@ def soft_topk_mag(
     implicit_diff_backend: ``"lax"`` or ``"jaxopt"`` (reverse mode only).
     return_info: also return the solver's ``RootState`` (``iter_num``; ``residual``
       :math:`|F(\lambda)|`), one entry per row.
+    where: optional boolean array of the shape of ``x``. Entries where it is False
+      are excluded: output exactly 0 (derivatives 0), never selected, and ``k``
+      counts the valid entries only (``0 <= k <=`` the row's valid count, checked
+      when concrete); equal to the operator on the row with those entries removed.
+      (An excluded entry is solved as a 0, which the operator never keeps; so under
+      ``jit`` a ``k`` above the valid count returns the valid entries unchanged.)
+    axis_name: inside :func:`jax.shard_map`, the mesh axis name (or tuple) over which
+      ``axis`` is split; each Newton step then costs one ``psum`` of a few scalars
+      per row, nothing is gathered, and ``k`` counts the global row. Not needed
+      under ``jax.jit`` with a ``NamedSharding`` input. A name that is not a mesh axis
+      of the enclosing ``shard_map`` raises ``ValueError``.
 
   Returns:
     An array with the shape and dtype of ``x`` (and the ``RootState`` with
@@ -126,4 +139,64 @@ def soft_topk_mag(
   solver_obj = solvers.make_solver(
       solver, problems.Magnitude(p), implicit_diff_backend=implicit_diff_backend, diff=diff,
       tol=tol, maxiter=maxiter, size=_apply.input_size(x))
-  return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info)
+  return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info,
+                                   where=where, axis_name=axis_name)
+
+
+def tree_soft_topk_mag(
+    params,
+    k,
+    *,
+    l=0.1,
+    p: float = 4.0 / 3.0,
+    diff: str = "implicit",
+    maxiter: int | None = None,
+    implicit_diff_backend: str = "lax",
+    return_info: bool = False,
+):
+  r"""Soft top-k in magnitude over every entry of a pytree (global soft magnitude pruning).
+
+  With :math:`x` all entries of all leaves of ``params`` and one threshold
+  :math:`\lambda \ge 0` for the whole tree,
+
+  .. math::
+
+      \mathrm{out}_i = \mathrm{sign}(x_i)\min\big(|x_i|,\ t_i + (t_i/l)^{1/(p-1)}\big),
+      \quad t_i = (|x_i| - \lambda)_+, \quad
+      \sum_i \min\big(\lambda, (t_i/l)^{1/(p-1)}\big) = k\lambda,
+
+  i.e. :func:`soft_topk_mag` (the soft top-k in magnitude of Sander et al., 2023) on
+  the concatenation of the flattened leaves, returned with the structure, shapes and
+  dtypes of ``params``. Nothing is concatenated: each Newton step reduces every leaf
+  on its own and adds the results, so leaves sharded differently stay where they are.
+  Entries with :math:`|x_i| \le \lambda` are exactly 0, clearly-kept entries equal
+  :math:`x_i`; as ``l -> 0`` this is global hard magnitude pruning keeping ``k``
+  weights. Derivatives w.r.t. every leaf, ``k`` and ``l`` come from the implicit
+  function theorem on the one scalar equation.
+
+  Args:
+    params: a pytree of float arrays (at least one leaf), e.g. a model's weights.
+    k: a scalar, ``0 <= k <= n`` (the total number of entries): how many weights to
+      keep, e.g. ``(1 - sparsity) * n``; need not be an integer.
+    l: regularization strength > 0, a scalar (in units of the weights).
+    p: p-norm exponent, a static float > 1.
+    diff: ``"implicit"`` (default) or ``"unrolled"``.
+    maxiter: iteration cap of the Newton iteration (default 100).
+    implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``.
+    return_info: also return the solver's ``RootState`` (scalars).
+
+  Returns:
+    A pytree with the structure of ``params`` (and the ``RootState`` with
+    ``return_info``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> params = {"w": jnp.array([[3., -1.], [0.5, -2.]]), "b": jnp.array([4., 1.])}
+    >>> tree_soft_topk_mag(params, k=3, l=1e-3)["w"]
+    Array([[ 3., -0.],
+           [ 0., -2.]], dtype=float32)
+  """
+  solver_obj = solvers.make_solver(
+      "threshold", problems.Magnitude(p), implicit_diff_backend=implicit_diff_backend,
+      diff=diff, maxiter=maxiter)
+  return _apply.tree_operator(solver_obj, params, k, l, name="params", return_info=return_info)

@@ -22,6 +22,8 @@ def soft_topk_mask(
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
+    where=None,
+    axis_name=None,
 ):
   r"""Sparse, differentiable top-k mask along ``axis``.
 
@@ -74,6 +76,20 @@ def soft_topk_mask(
     return_info: also return the solver's :class:`RootState` (``iter_num``: passes
       or sweeps made, ``residual``: :math:`|\sum_i y_i - k|`), one entry per row of
       the batch shape (``x`` without ``axis``).
+    where: optional boolean array of the shape of ``x`` (e.g. the valid, non-padding
+      entries of padded rows). Entries where it is False are excluded: their output
+      is exactly 0, its derivatives are exactly 0, they are never selected, and ``k``
+      counts only the valid entries: ``0 <= k <=`` the row's number of valid entries
+      (checked when ``where`` and ``k`` are concrete; under ``jit`` a larger ``k``
+      gives NaN at the row's valid entries). Equal to the operator on the row with
+      its invalid entries removed.
+    axis_name: inside :func:`jax.shard_map`, the mesh axis name (or tuple of names)
+      over which ``axis`` of ``x`` is split: every row's sums become one
+      ``jax.lax.psum`` of a few scalars per Newton step; nothing is gathered. ``k``
+      counts the entries of the whole (global) row. Not needed under ``jax.jit`` with
+      a ``NamedSharding`` input (XLA inserts the all-reduce itself). A name that is
+      not a mesh axis of the enclosing ``shard_map``, or an input that does not vary
+      over it, raises ``ValueError``. Needs ``solver="threshold"`` (or ``"auto"``).
 
   Returns:
     An array with the shape and dtype of ``x``; with ``return_info``, the pair
@@ -102,4 +118,154 @@ def soft_topk_mask(
   solver_obj = solvers.make_solver(
       solver, problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
       tol=tol, maxiter=maxiter, size=_apply.input_size(x))
-  return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info)
+  return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info,
+                                   where=where, axis_name=axis_name)
+
+
+def segment_soft_topk_mask(
+    x,
+    segment_ids,
+    k,
+    *,
+    num_segments: int | None = None,
+    l=0.1,
+    p: float = 4.0 / 3.0,
+    regularizer=None,
+    axis: int = -1,
+    indices_are_sorted: bool = False,
+    diff: str = "implicit",
+    maxiter: int | None = None,
+    implicit_diff_backend: str = "lax",
+    return_info: bool = False,
+):
+  r"""Soft top-k mask within each segment of ``axis`` (ragged rows, no padding).
+
+  Entry :math:`i` of ``axis`` belongs to segment :math:`s(i) =` ``segment_ids[i]``;
+  each segment :math:`S` is its own row of :func:`soft_topk_mask`, with its own
+  :math:`k_S` and threshold :math:`\lambda_S`:
+
+  .. math::
+
+      y_i = \mathrm{mask}\big((x_i - \lambda_{s(i)}) / l_{s(i)}\big), \qquad
+      \sum_{i \in S} y_i = k_S \ \text{ for every segment } S,
+
+  the same result as calling :func:`soft_topk_mask` on every segment separately. The
+  sort-free Newton iteration runs on all segments at once: each pass is one
+  :func:`jax.ops.segment_sum` over the whole array and one gather of the per-segment
+  thresholds by ``segment_ids``, so time and memory are O(n) however ragged the
+  segments are (nothing is padded to the longest segment). Derivatives w.r.t.
+  ``x``, ``k`` and ``l`` come from the implicit function theorem on the per-segment
+  equations (one division per segment), forward and reverse mode.
+
+  Typical uses: top-k within each sequence of a packed batch (expert-choice routing
+  over variable-length sequences), top-k per graph of a batched graph, per-group
+  selection. ``segment_ids`` need not be sorted (``indices_are_sorted=True`` lets
+  XLA use a faster path when they are).
+
+  Args:
+    x: float array; the segments run along ``axis``, other axes are batch axes.
+    segment_ids: integer array of shape ``(x.shape[axis],)``, values in
+      ``[0, num_segments)``. Concrete ids are checked (``ValueError`` naming
+      ``segment_ids``); under ``jit`` an out-of-range id gives NaN at that entry.
+    k: real number or array broadcastable to ``batch + (num_segments,)``: the mass
+      of each segment, ``0 <= k <=`` the segment's size (checked when ``k`` and
+      ``segment_ids`` are concrete; under ``jit`` a larger ``k`` gives a segment of
+      NaN). An empty segment needs ``k = 0``.
+    num_segments: the number of segments, a Python int (it fixes the shape of the
+      per-segment values). Optional when ``segment_ids`` is concrete (then
+      ``max(segment_ids) + 1``); required under ``jit``.
+    l: regularization strength > 0, scalar or broadcastable to
+      ``batch + (num_segments,)``.
+    p: p-norm exponent, a static float > 1 (ignored if ``regularizer`` is given).
+    regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
+    axis: the axis holding the segments.
+    indices_are_sorted: whether ``segment_ids`` is sorted (a hint to XLA).
+    diff: ``"implicit"`` (default) or ``"unrolled"`` (autodiff through ``maxiter``
+      Newton iterations).
+    maxiter: iteration cap of the Newton iteration (default 100).
+    implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``.
+    return_info: also return the solver's :class:`RootState`, one entry per segment
+      (shape ``batch + (num_segments,)``).
+
+  Returns:
+    An array with the shape and dtype of ``x`` (and the ``RootState`` with
+    ``return_info``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> x = jnp.array([3., 1., 2., 0., 5., 4.])
+    >>> segment_soft_topk_mask(x, jnp.array([0, 0, 0, 1, 1, 1]), k=jnp.array([1., 2.]),
+    ...                        num_segments=2, l=1e-2)
+    Array([1., 0., 0., 0., 1., 1.], dtype=float32)
+  """
+  problem = problems.CappedSimplex(regularizers.resolve(regularizer, p))
+  solver_obj = solvers.make_solver(
+      "threshold", problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
+      maxiter=maxiter)
+  return _apply.segment_operator(solver_obj, x, segment_ids, k, l, num_segments=num_segments,
+                                 axis=axis, indices_are_sorted=indices_are_sorted,
+                                 return_info=return_info)
+
+
+def tree_soft_topk_mask(
+    scores,
+    k,
+    *,
+    l=0.1,
+    p: float = 4.0 / 3.0,
+    regularizer=None,
+    diff: str = "implicit",
+    maxiter: int | None = None,
+    implicit_diff_backend: str = "lax",
+    return_info: bool = False,
+):
+  r"""One soft top-k mask over every entry of a pytree of arrays (one global threshold).
+
+  With :math:`x` all entries of all leaves of ``scores`` (:math:`n` in total),
+
+  .. math::
+
+      y^\star = \arg\max_{y \in [0,1]^n,\ \sum_i y_i = k}\ \langle x, y\rangle
+                - l\,\Omega(y), \qquad y_i = \mathrm{mask}\big((x_i - \lambda) / l\big),
+
+  with a single threshold :math:`\lambda` for the whole tree: the result equals
+  :func:`soft_topk_mask` on the concatenation of the flattened leaves, returned with
+  the structure, shapes and dtypes of ``scores``. Nothing is concatenated: every
+  Newton step reduces each leaf on its own and adds the per-leaf sums, so leaves may
+  have different shapes, dtypes and shardings (under ``jax.jit`` each leaf's sum is
+  an all-reduce of a scalar over its own devices). Derivatives (w.r.t. every leaf,
+  ``k`` and ``l``) come from the implicit function theorem on the one scalar
+  equation :math:`\sum_i y_i(\lambda) = k`.
+
+  Use it to select the top ``k`` scores of a whole model (e.g. global pruning scores,
+  one budget for all layers).
+
+  Args:
+    scores: a pytree of float arrays (at least one leaf). Leaves are computed in
+      their common floating dtype (half types in float32) and cast back.
+    k: a scalar, ``0 <= k <= n`` (the total number of entries); need not be an
+      integer.
+    l: regularization strength > 0, a scalar.
+    p: p-norm exponent, a static float > 1 (ignored if ``regularizer`` is given).
+    regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
+    diff: ``"implicit"`` (default) or ``"unrolled"``.
+    maxiter: iteration cap of the Newton iteration (default 100).
+    implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``.
+    return_info: also return the solver's :class:`RootState` (scalars).
+
+  Returns:
+    A pytree with the structure of ``scores`` (and the ``RootState`` with
+    ``return_info``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> tree = {"w": jnp.array([[3., -1.], [0.5, 2.]]), "b": jnp.array([4., 1.])}
+    >>> tree_soft_topk_mask(tree, k=2, l=1e-2)["w"]
+    Array([[1., 0.],
+           [0., 0.]], dtype=float32)
+  """
+  problem = problems.CappedSimplex(regularizers.resolve(regularizer, p))
+  solver_obj = solvers.make_solver(
+      "threshold", problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
+      maxiter=maxiter)
+  return _apply.tree_operator(solver_obj, scores, k, l, name="scores", return_info=return_info)

@@ -11,10 +11,16 @@ for all problems.
   \langle x, y\rangle - l\,\Omega(y)` for a separable regularizer :math:`\Omega`.
 * :class:`Magnitude`: the top-k in magnitude (Sander et al., 2023), with its own
   :math:`\phi` (``proofs/magnitude_threshold.md``).
+
+Which entries form a row is the problem's ``layout``
+(:mod:`implicit_topk.problems.layout`): the last axis of an array (optionally split
+over a mesh axis), the segments of a flat axis, or every leaf of a pytree.
 """
 
 from implicit_topk.problems.base import Bracket, ThresholdProblem
 from implicit_topk.problems.capped_simplex import CappedSimplex
+from implicit_topk.problems.layout import LastAxis, Segments, Tree
 from implicit_topk.problems.magnitude import Magnitude
 
-__all__ = ["Bracket", "ThresholdProblem", "CappedSimplex", "Magnitude"]
+__all__ = ["Bracket", "ThresholdProblem", "CappedSimplex", "Magnitude", "LastAxis",
+           "Segments", "Tree"]

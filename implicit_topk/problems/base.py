@@ -1,8 +1,10 @@
 r"""The interface every threshold problem provides, and the pieces they share.
 
 A problem is a frozen dataclass (hashable, so solvers and jit caches can key on it)
-with these members; all arrays are batched along leading axes and the problem is
-along the last axis of ``x``; ``k``, ``l`` and ``lam`` have the batch shape.
+with these members. Which entries of ``x`` form one row is the problem's ``layout``
+(:mod:`implicit_topk.problems.layout`): by default the last axis of an array (batched
+along leading axes), else the segments of a flat axis, or every leaf of a pytree; the
+problem only reduces through it. ``k``, ``l`` and ``lam`` have the layout's row shape.
 
 * ``optimality(lam, x, k, l)``: :math:`\phi`, nonincreasing in ``lam``, zero at the
   solution. Implicit derivatives are taken on it, and the Newton solver takes
@@ -23,6 +25,8 @@ along the last axis of ``x``; ``k``, ``l`` and ``lam`` have the batch shape.
   ``(lam, sweeps)`` by Dykstra's algorithm (``solver="dykstra"``).
 * ``supports(solver_name)``: raises ``ValueError`` naming the option when the problem
   cannot be solved by that solver.
+* ``layout``: the reduction layout; ``excluded_value``: the input value that an entry
+  outside ``where=`` takes (one the operator never selects and maps to exactly 0).
 """
 
 from __future__ import annotations
@@ -72,13 +76,16 @@ def per_row(value, x) -> jax.Array:
   return jnp.broadcast_to(jnp.asarray(value, x.dtype), x.shape[:-1])[..., None]
 
 
-def finite_moments(values, where):
-  """Mean and standard deviation of ``values`` over ``where`` along the last axis."""
-  count = jnp.maximum(jnp.sum(where, axis=-1), 1).astype(values.dtype)
-  safe = jnp.where(where, values, 0)
-  mean = jnp.sum(safe, axis=-1) / count
-  centered = jnp.where(where, values - mean[..., None], 0)
-  return mean, jnp.sqrt(jnp.sum(centered * centered, axis=-1) / count)
+def finite_moments(layout, values):
+  """Per-row mean and standard deviation of the finite entries of ``values``, and
+  their count (at least 1), reduced through ``layout``."""
+  dtype = layout.dtype(values)
+  finite = layout.map(jnp.isfinite, values)
+  count = jnp.maximum(layout.count(finite, dtype), 1)
+  mean = layout.sum(layout.map(lambda v, f: jnp.where(f, v, 0), values, finite)) / count
+  centered = layout.map(lambda v, f, m: jnp.where(f, v - m, 0), values, finite,
+                        layout.expand(mean, values))
+  return mean, jnp.sqrt(layout.sum(layout.map(jnp.square, centered)) / count), count
 
 
 def upper_quantile_of_normal(fraction, dtype) -> Any:

@@ -25,20 +25,28 @@ import jax.numpy as jnp
 import numpy as np
 
 from implicit_topk import regularizers as _regularizers
-from implicit_topk.problems.base import Bracket, finite_moments, per_row, upper_quantile_of_normal
+from implicit_topk.problems import layout as _layout
+from implicit_topk.problems.base import Bracket, finite_moments, upper_quantile_of_normal
 
 
 @dataclasses.dataclass(frozen=True)
 class CappedSimplex:
-  """The soft top-k mask for ``regularizer`` (a :class:`implicit_topk.Regularizer`)."""
+  """The soft top-k mask for ``regularizer`` (a :class:`implicit_topk.Regularizer`),
+  along the rows of ``layout`` (default: the last axis)."""
 
   regularizer: Any = dataclasses.field(default_factory=_regularizers.PNorm)
+  layout: Any = _layout.DEFAULT
   # After `normalize` the row's top entry is 0, and for a small k the root can sit many
   # decades closer to it than the bracket is wide (p > 2): bisect geometrically too.
   geometric = True
+  # An entry outside `where=` becomes -inf: never selected, mask exactly 0, derivative 0.
+  excluded_value = -np.inf
 
   def __post_init__(self):
     _regularizers.check_protocol(self.regularizer)
+
+  def with_layout(self, layout) -> "CappedSimplex":
+    return dataclasses.replace(self, layout=layout)
 
   # -- the problem ----------------------------------------------------------------
   def normalize(self, x, l):
@@ -52,12 +60,22 @@ class CappedSimplex:
     (a difference beyond the float range is clamped to the most negative finite
     value); +-inf and NaN stay as they are.
     """
-    finite = jnp.isfinite(x)
-    top = jnp.max(jnp.where(finite, x, -jnp.inf), axis=-1, keepdims=True)
-    far = jnp.abs(top) * np.sqrt(np.finfo(x.dtype).eps) > per_row(l, x)
+    L = self.layout
+    dtype = L.dtype(x)
+    top = L.max(L.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x))
+    far = jnp.abs(top) * np.sqrt(np.finfo(dtype).eps) > l
     top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top) & far, top, 0))
-    lowest = jnp.finfo(x.dtype).min
-    return jnp.where(finite, jnp.maximum(x - top, lowest), x)
+    lowest = jnp.finfo(dtype).min
+    return L.map(lambda v, t: jnp.where(jnp.isfinite(v), jnp.maximum(v - t, lowest), v),
+                 x, L.expand(top, x))
+
+  def _mask_entries(self, x, lam, l):
+    limit = jnp.isinf(x) | jnp.isinf(lam)
+    z_limit = jnp.where(jnp.isinf(x), x, -lam)
+    z = (jnp.where(limit, 0, x) - jnp.where(limit, 0, lam)) / l
+    z = jnp.where(limit, z_limit, z)
+    nan = jnp.isnan(x) | jnp.isnan(lam)
+    return jnp.where(nan, jnp.nan, self.regularizer.mask(jnp.where(nan, 0, z)))
 
   def primal(self, lam, x, l):
     """The mask y_i = mask((x_i - lam) / l).
@@ -67,17 +85,12 @@ class CappedSimplex:
     never saturates) gives its limit, and NaN (in ``x`` or ``lam``: a row without a
     threshold) propagates. Derivatives stay finite in every case (double ``where``).
     """
-    lam = per_row(lam, x)
-    limit = jnp.isinf(x) | jnp.isinf(lam)
-    z_limit = jnp.where(jnp.isinf(x), x, -lam)
-    z = (jnp.where(limit, 0, x) - jnp.where(limit, 0, lam)) / per_row(l, x)
-    z = jnp.where(limit, z_limit, z)
-    nan = jnp.isnan(x) | jnp.isnan(lam)
-    return jnp.where(nan, jnp.nan, self.regularizer.mask(jnp.where(nan, 0, z)))
+    L = self.layout
+    return L.map(self._mask_entries, x, L.expand(lam, x), L.expand(l, x))
 
   def optimality(self, lam, x, k, l):
     """phi(lam) = sum_i y_i(lam) - k, one entry per row."""
-    return jnp.sum(self.primal(lam, x, l), axis=-1) - k
+    return self.layout.sum(self.primal(lam, x, l)) - k
 
   def step_scale(self, lam, l):
     # Relative to lam alone: after `normalize`, x_i - lam is exact for entries near
@@ -97,30 +110,36 @@ class CappedSimplex:
     entries must all be 0 (or all 1) are known: the saturation end where it is finite,
     NaN (no finite threshold) where it is not.
     """
+    L = self.layout
+    dtype = L.dtype(x)
     z0, z1 = self.regularizer.saturation
-    finite = jnp.isfinite(x)
-    any_finite = jnp.any(finite, axis=-1)
-    x_max = jnp.where(any_finite, jnp.max(jnp.where(finite, x, -jnp.inf), axis=-1), 0)
-    x_min = jnp.where(any_finite, jnp.min(jnp.where(finite, x, jnp.inf), axis=-1), 0)
-    n_pos_inf = jnp.sum(x == jnp.inf, axis=-1).astype(x.dtype)
-    n_not_neg_inf = jnp.sum(x > -jnp.inf, axis=-1).astype(x.dtype)
+    x_max = L.max(L.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x))
+    x_min = L.min(L.map(lambda v: jnp.where(jnp.isfinite(v), v, jnp.inf), x))
+    any_finite = jnp.isfinite(x_max)
+    x_max = jnp.where(any_finite, x_max, 0)
+    x_min = jnp.where(any_finite, x_min, 0)
+    n_pos_inf = L.count(L.map(lambda v: v == jnp.inf, x), dtype)
+    n_not_neg_inf = L.count(L.map(lambda v: v > -jnp.inf, x), dtype)
     if np.isfinite(z0) and np.isfinite(z1):
       lo, hi = x_min - l * z1, x_max - l * z0
     else:
       share = (k - n_pos_inf) / jnp.maximum(n_not_neg_inf - n_pos_inf, 1)
       level = jnp.where((k > n_pos_inf) & (k < n_not_neg_inf), share, 0.5)
-      shift = l * jnp.asarray(self.regularizer.omega_prime(level), x.dtype)
+      shift = l * jnp.asarray(self.regularizer.omega_prime(level), dtype)
       lo = x_min - l * z1 if np.isfinite(z1) else x_min - shift
       hi = x_max - l * z0 if np.isfinite(z0) else x_max - shift
-    has_nan = jnp.any(jnp.isnan(x), axis=-1)
+    has_nan = L.any(L.map(jnp.isnan, x))
     at_hi = k == n_pos_inf  # all finite coordinates at 0
     at_lo = k == n_not_neg_inf  # all finite coordinates at 1
     infeasible = has_nan | (n_pos_inf > k) | (n_not_neg_inf < k)
     known = infeasible | at_hi | at_lo
     # A regularizer that never saturates puts the finite entries at exactly 0 (1) only
     # in the limit lam -> +inf (-inf); `primal` evaluates that limit.
+    # At `lo` itself the smallest entry sits at z1 only up to rounding ((x - lo) / l can
+    # come out an ulp below z1): go one saturation width further, so that every finite
+    # entry is exactly 1 (k = n gives exact ones).
     value_hi = hi if np.isfinite(z0) else jnp.full_like(hi, jnp.inf)
-    value_lo = lo if np.isfinite(z1) else jnp.full_like(lo, -jnp.inf)
+    value_lo = lo - l * (z1 - z0) if np.isfinite(z1) else jnp.full_like(lo, -jnp.inf)
     value = jnp.where(infeasible, jnp.nan, jnp.where(at_hi, value_hi, value_lo))
     return Bracket(lo, hi, known, value)
 
@@ -132,11 +151,11 @@ class CappedSimplex:
     magnitude): two reductions, no sort. The Newton iteration corrects it; a good
     guess only saves passes.
     """
-    finite = jnp.isfinite(x)
-    mean, std = finite_moments(x, finite)
-    n_finite = jnp.maximum(jnp.sum(finite, axis=-1), 1).astype(x.dtype)
-    n_pos_inf = jnp.sum(x == jnp.inf, axis=-1).astype(x.dtype)
-    quantile = mean + std * upper_quantile_of_normal((k - n_pos_inf) / n_finite, x.dtype)
+    L = self.layout
+    dtype = L.dtype(x)
+    mean, std, n_finite = finite_moments(L, x)
+    n_pos_inf = L.count(L.map(lambda v: v == jnp.inf, x), dtype)
+    quantile = mean + std * upper_quantile_of_normal((k - n_pos_inf) / n_finite, dtype)
     z0, z1 = self.regularizer.saturation
     guess = quantile - 0.5 * l * (min(z1, 1.0) + max(z0, -1.0))
     middle = 0.5 * (bracket.lo + bracket.hi)
@@ -159,15 +178,19 @@ class CappedSimplex:
     z0, z1 = self.regularizer.saturation
     if not (np.isfinite(z0) and np.isfinite(z1)):
       return lam
-    top = x - lam[..., None] > 0.5 * (z0 + z1) * l[..., None]
-    count = jnp.sum(top, axis=-1).astype(x.dtype)
-    a = jnp.max(jnp.where(top, -jnp.inf, x), axis=-1) - l * z0
-    b = jnp.min(jnp.where(top, x, jnp.inf), axis=-1) - l * z1
+    L = self.layout
+    dtype = L.dtype(x)
+    top = L.map(lambda v, lam_, l_: v - lam_ > 0.5 * (z0 + z1) * l_,
+                x, L.expand(lam, x), L.expand(l, x))
+    count = L.count(top, dtype)
+    a = L.max(L.map(lambda v, t: jnp.where(t, -jnp.inf, v), x, top)) - l * z0
+    b = L.min(L.map(lambda v, t: jnp.where(t, v, jnp.inf), x, top)) - l * z1
     binary = (count == k) & (a <= b) & jnp.isfinite(a) & jnp.isfinite(b) & ~known
     return jnp.where(binary, 0.5 * (a + b), lam)
 
   # -- solver-specific pieces ------------------------------------------------------
   def supports(self, solver_name: str) -> None:
+    _check_sortable(self.layout, solver_name)
     if solver_name == "pav":
       _regularizers.pav_kernel_spec(self.regularizer)
     if solver_name == "dykstra" and _regularizers.pnorm_exponent(self.regularizer) != 1:
@@ -237,3 +260,12 @@ def _threshold_from_dual(v, k, l):
   lower = jnp.clip(jnp.floor(k).astype(jnp.int32), 0, n - 1)
   pick = lambda i: jnp.take_along_axis(v, i[..., None], axis=-1)[..., 0]
   return 0.5 * l * (pick(upper) + pick(lower))
+
+
+def _check_sortable(layout, solver_name: str) -> None:
+  """The sorting solvers need whole rows along one contiguous, unsplit last axis."""
+  if solver_name in ("pav", "dykstra") and not layout.sortable:
+    raise ValueError(
+        f"solver={solver_name!r} sorts whole rows on one device; it cannot solve a row "
+        f"laid out as {layout!r} (segments, a pytree, or an axis split over a mesh axis). "
+        "Use solver='threshold' (or 'auto').")

@@ -21,13 +21,16 @@ relative to :math:`\lambda`.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from implicit_topk import regularizers as _regularizers
-from implicit_topk.problems.base import Bracket, per_row, upper_quantile_of_normal
+from implicit_topk.problems import layout as _layout
+from implicit_topk.problems.base import Bracket, upper_quantile_of_normal
+from implicit_topk.problems.capped_simplex import _check_sortable
 
 _BISECT_STEPS = 64  # scalar bisection steps for h^{-1} when snapping binary rows
 
@@ -39,13 +42,20 @@ def _excess(lam, s):
 
 @dataclasses.dataclass(frozen=True)
 class Magnitude:
-  """The soft top-k in magnitude with the p-norm regularizer ``PNorm(p)``."""
+  """The soft top-k in magnitude with the p-norm regularizer ``PNorm(p)``, along the
+  rows of ``layout`` (default: the last axis)."""
 
   p: float = 4.0 / 3.0
+  layout: Any = _layout.DEFAULT
   geometric = True
+  # An entry outside `where=` becomes 0: never selected, output exactly 0.
+  excluded_value = 0.0
 
   def __post_init__(self):
     object.__setattr__(self, "p", float(_regularizers.PNorm(self.p).p))
+
+  def with_layout(self, layout) -> "Magnitude":
+    return dataclasses.replace(self, layout=layout)
 
   @property
   def regularizer(self) -> _regularizers.PNorm:
@@ -68,13 +78,16 @@ class Magnitude:
     to ``|x|`` already (geometric bisection, relative steps)."""
     return x
 
+  def _out_entries(self, x, lam, l):
+    s = jnp.abs(x)
+    t = _excess(lam, s)
+    out = jnp.sign(x) * jnp.minimum(s, t + self._link(t, l))
+    return jnp.where(jnp.isnan(lam) | jnp.isnan(x), jnp.nan, out)
+
   def primal(self, lam, x, l):
     """sign(x_i) min(|x_i|, t_i + g(t_i / l)), t_i = (|x_i| - lam)_+; NaN propagates."""
-    lam_ = per_row(lam, x)
-    s = jnp.abs(x)
-    t = _excess(lam_, s)
-    out = jnp.sign(x) * jnp.minimum(s, t + self._link(t, per_row(l, x)))
-    return jnp.where(jnp.isnan(lam_) | jnp.isnan(x), jnp.nan, out)
+    L = self.layout
+    return L.map(self._out_entries, x, L.expand(lam, x), L.expand(l, x))
 
   def optimality(self, lam, x, k, l):
     r"""F(lam) = sum_i min(lam, g(t_i / l)) - k lam, one entry per row.
@@ -82,11 +95,13 @@ class Magnitude:
     Written as ``lam * (#saturated - k) + sum_unsaturated g`` so that it is exactly 0
     on the flat root interval of a binary solution.
     """
-    lam_ = lam[..., None]
-    G = self._link(_excess(lam_, jnp.abs(x)), l[..., None])
-    saturated = G > lam_
-    count = jnp.sum(saturated, axis=-1).astype(x.dtype)
-    return lam * (count - k) + jnp.sum(jnp.where(saturated, jnp.zeros_like(G), G), axis=-1)
+    L = self.layout
+    G = L.map(lambda v, lam_, l_: self._link(_excess(lam_, jnp.abs(v)), l_),
+              x, L.expand(lam, x), L.expand(l, x))
+    saturated = L.map(lambda g, lam_: g > lam_, G, L.expand(lam, x))
+    count = L.count(saturated, L.dtype(x))
+    unsaturated = L.map(lambda g, sat: jnp.where(sat, jnp.zeros_like(g), g), G, saturated)
+    return lam * (count - k) + L.sum(unsaturated)
 
   def step_scale(self, lam, l):
     return lam
@@ -105,21 +120,22 @@ class Magnitude:
     ``h(lo) <= m``, so every nonzero entry is saturated at ``lo`` and F(lo) > 0
     (``lo`` can underflow to 0; the iteration then bisects arithmetically).
     """
-    s = jnp.abs(x)
-    finite = jnp.isfinite(s)
-    nonzero = finite & (s > 0)
-    m = jnp.min(jnp.where(nonzero, s, jnp.inf), axis=-1)
+    L = self.layout
+    dtype = L.dtype(x)
+    s = L.map(jnp.abs, x)
+    nonzero = L.map(lambda v: jnp.isfinite(v) & (v > 0), s)
+    m = L.min(L.map(lambda v, nz: jnp.where(nz, v, jnp.inf), s, nonzero))
     m = jnp.where(jnp.isfinite(m), m, 1)
     lo = jnp.minimum(0.5 * m, self.regularizer.link(0.5 * m / l))
-    s_max = jnp.max(jnp.where(finite, s, 0), axis=-1)
-    n_inf = jnp.sum(s == jnp.inf, axis=-1).astype(s.dtype)
-    nnz = jnp.sum(nonzero, axis=-1).astype(s.dtype)
+    s_max = jnp.maximum(L.max(L.map(lambda v: jnp.where(jnp.isfinite(v), v, 0), s)), 0)
+    n_inf = L.count(L.map(lambda v: v == jnp.inf, s), dtype)
+    nnz = L.count(nonzero, dtype)
     k_f = k - n_inf
-    infeasible = jnp.any(jnp.isnan(s), axis=-1) | (k_f < 0)
+    infeasible = L.any(L.map(jnp.isnan, s)) | (k_f < 0)
     all_zero = k_f == 0
     all_kept = nnz <= k_f
     known = infeasible | all_zero | all_kept
-    value = jnp.where(infeasible, jnp.nan, jnp.where(all_zero, s_max + l, 0)).astype(s.dtype)
+    value = jnp.where(infeasible, jnp.nan, jnp.where(all_zero, s_max + l, 0)).astype(dtype)
     return Bracket(jnp.minimum(lo, 0.5 * s_max), s_max, known, value)
 
   def initial_guess(self, x, k, l, bracket: Bracket):
@@ -128,11 +144,12 @@ class Magnitude:
     :math:`\sigma\,\Phi^{-1}(1 - k / (2n))` with :math:`\sigma` the row's finite root
     mean square: one reduction, no sort; used when strictly inside the bracket.
     """
-    s = jnp.abs(x)
-    finite = jnp.isfinite(s)
-    count = jnp.maximum(jnp.sum(finite, axis=-1), 1).astype(x.dtype)
-    rms = jnp.sqrt(jnp.sum(jnp.where(finite, s * s, 0), axis=-1) / count)
-    guess = rms * upper_quantile_of_normal(0.5 * k / count, x.dtype)
+    L = self.layout
+    dtype = L.dtype(x)
+    finite = L.map(jnp.isfinite, x)
+    count = jnp.maximum(L.count(finite, dtype), 1)
+    rms = jnp.sqrt(L.sum(L.map(lambda v, f: jnp.where(f, v * v, 0), x, finite)) / count)
+    guess = rms * upper_quantile_of_normal(0.5 * k / count, dtype)
     inside = (guess > bracket.lo) & (guess < bracket.hi)
     return jnp.where(inside, guess, 0.5 * (bracket.lo + bracket.hi))
 
@@ -146,12 +163,14 @@ class Magnitude:
     (leaving 1e-17 for an exact 0): return :math:`(A + B)/2` instead, with ``B`` from a
     scalar bisection on the increasing ``h``. Other rows keep ``lam``.
     """
-    s = jnp.abs(x)
-    lam_ = lam[..., None]
-    top = self._link(_excess(lam_, s), l[..., None]) > 0.5 * lam_
-    count = jnp.sum(top, axis=-1).astype(s.dtype)
-    A = jnp.max(jnp.where(top, -jnp.inf, s), axis=-1)
-    top_min = jnp.min(jnp.where(top, s, jnp.inf), axis=-1)
+    L = self.layout
+    dtype = L.dtype(x)
+    s = L.map(jnp.abs, x)
+    top = L.map(lambda v, lam_, l_: self._link(_excess(lam_, v), l_) > 0.5 * lam_,
+                s, L.expand(lam, x), L.expand(l, x))
+    count = L.count(top, dtype)
+    A = L.max(L.map(lambda v, t: jnp.where(t, -jnp.inf, v), s, top))
+    top_min = L.min(L.map(lambda v, t: jnp.where(t, v, jnp.inf), s, top))
     ok = jnp.isfinite(A) & jnp.isfinite(top_min) & (A > 0)
     A = jnp.where(ok, A, 1)
     top_min = jnp.where(ok, top_min, 2)
@@ -168,6 +187,7 @@ class Magnitude:
 
   # -- solver-specific pieces ------------------------------------------------------
   def supports(self, solver_name: str) -> None:
+    _check_sortable(self.layout, solver_name)
     if solver_name == "dykstra" and self.p != 2.0:
       raise ValueError(f"solver='dykstra' supports p=2 only; got p={self.p}. "
                        "Use solver='pav' or 'threshold' for other p.")

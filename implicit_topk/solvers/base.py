@@ -12,6 +12,7 @@ say how to find the root.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 
 from implicit_topk import _implicit
 from implicit_topk import _validation
+from implicit_topk.problems import layout as _layout
 
 
 class OptStep(NamedTuple):
@@ -80,12 +82,30 @@ class ThresholdRootSolver:
     """The operator's output for thresholds ``lam`` (one per row of ``x``)."""
     return self.problem.primal(lam, x, l)
 
+  @property
+  def layout(self):
+    """The problem's reduction layout (:mod:`implicit_topk.problems.layout`)."""
+    return getattr(self.problem, "layout", _layout.DEFAULT)
+
+  def with_layout(self, layout) -> "ThresholdRootSolver":
+    """This solver on the same problem laid out by ``layout`` (e.g. a bound
+    :class:`~implicit_topk.problems.layout.Segments`)."""
+    new = copy.copy(self)
+    object.__setattr__(new, "problem", self.problem.with_layout(layout))
+    new.problem.supports(self.name)
+    return new
+
+  def _per_row(self, x, k, l):
+    layout = self.layout
+    x = layout.asarray(x)
+    dtype, rows = layout.dtype(x), layout.row_shape(x)
+    k = jnp.broadcast_to(jnp.asarray(k, dtype), rows)
+    l = jnp.broadcast_to(jnp.asarray(l, dtype), rows)
+    return x, k, l
+
   def optimality_fun(self, lam, x, k, l):
     """phi(lam; x, k, l), one entry per row; zero at the solution."""
-    x = jnp.asarray(x)
-    k = jnp.broadcast_to(jnp.asarray(k, x.dtype), x.shape[:-1])
-    l = jnp.broadcast_to(jnp.asarray(l, x.dtype), x.shape[:-1])
-    return self.problem.optimality(lam, x, k, l)
+    return self.problem.optimality(lam, *self._per_row(x, k, l))
 
   # -- solving ----------------------------------------------------------------
   def _solve(self, init, x, k, l):
@@ -101,26 +121,27 @@ class ThresholdRootSolver:
 
     Args:
       init_params: initial thresholds, shape ``x.shape[:-1]``, or None.
-      x: scores, float array ``(..., n)``; the problem is along the last axis.
-      k: target sums, shape broadcastable to ``x.shape[:-1]``, in (0, n).
-      l: regularization strengths, broadcastable to ``x.shape[:-1]``, > 0.
+      x: scores, float array ``(..., n)``; the problem is along the last axis (or
+        along the rows of the problem's ``layout``: segments, a pytree).
+      k: target sums, shape broadcastable to the row shape (``x.shape[:-1]``), in
+        [0, n].
+      l: regularization strengths, broadcastable to the row shape, > 0.
 
     Returns:
       ``OptStep(params=lam, state=RootState(iter_num, residual))``.
     """
-    x = jnp.asarray(x)
-    batch_shape = x.shape[:-1]
-    k = jnp.broadcast_to(jnp.asarray(k, x.dtype), batch_shape)
-    l = jnp.broadcast_to(jnp.asarray(l, x.dtype), batch_shape)
+    x, k, l = self._per_row(x, k, l)
+    layout = self.layout
+    dtype = layout.dtype(x)
     warm = init_params is not None
-    # zeros_like of a row of x: the initial guess has x's varying axes under shard_map.
-    init = jnp.zeros_like(x[..., 0]) if not warm else jnp.broadcast_to(
-        jnp.asarray(init_params, x.dtype), batch_shape)
+    # layout.zeros: the initial guess has x's varying axes under shard_map.
+    init = layout.zeros(x) if not warm else jnp.broadcast_to(
+        jnp.asarray(init_params, dtype), layout.row_shape(x))
 
     def solver_fun(guess, x_, k_, l_):
       lam, iter_num = self._solve(guess if warm else None, x_, k_, l_)
       # Auxiliary outputs of custom_root must be float (their tangents are zeros).
-      return lam, iter_num.astype(x_.dtype)
+      return lam, iter_num.astype(dtype)
 
     if self.implicit_diff:
       lam, iter_num = _implicit.implicit_root(
@@ -136,9 +157,9 @@ class ThresholdRootSolver:
   def apply(self, x, k, l, init_params=None):
     """The operator along the last axis: ``primal(run(...).params, x, l)``, solved on
     ``problem.normalize(x)`` (so ``init_params`` is relative to that input)."""
-    x = jnp.asarray(x)
-    x = self.problem.normalize(x, jnp.broadcast_to(jnp.asarray(l, x.dtype), x.shape[:-1]))
-    return self.primal(self.run(init_params, x, k, l).params, x, l)
+    x, _, l_rows = self._per_row(x, k, l)
+    x = self.problem.normalize(x, l_rows)
+    return self.primal(self.run(init_params, x, k, l).params, x, l_rows)
 
   mask = apply  # the top-k mask, for the default problem
 

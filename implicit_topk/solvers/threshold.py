@@ -154,7 +154,7 @@ class ThresholdSolver(ThresholdRootSolver):
     _validation.check_maxiter(self.maxiter)
 
   def _solve(self, init, x, k, l):
-    tols = tolerances(x.dtype)
+    tols = tolerances(self.layout.dtype(x))
     carry, bracket = _init_carry(self.problem, init, x, k, l)
 
     def cond(carry):
@@ -169,7 +169,7 @@ class ThresholdSolver(ThresholdRootSolver):
 
   def _solve_unrolled(self, init, x, k, l):
     """``maxiter`` iterations in ``lax.fori_loop``: differentiable by autodiff."""
-    tols = tolerances(x.dtype)
+    tols = tolerances(self.layout.dtype(x))
     carry, bracket = _init_carry(self.problem, init, x, k, l)
     carry = jax.lax.fori_loop(
         0, self.maxiter, lambda _, c: _newton_step(self.problem, tols, x, k, l, c), carry)
