@@ -136,8 +136,12 @@ class LastAxis:
     return x.shape[:-1]
 
   def zeros(self, x):
-    # zeros_like of a slice of x: keeps x's varying mesh axes under shard_map; with
-    # axis_name, reduced like every other per-row value (the same on every device).
+    # zeros_like of a per-row reduction of x: keeps x's varying mesh axes under
+    # shard_map and its sharding on an Explicit mesh (a slice of a sharded axis would
+    # not), and the reduction itself is dead code. With axis_name, reduced like every
+    # other per-row value (invariant over that mesh axis).
+    if self.axis_name is None:
+      return jnp.zeros_like(jnp.sum(x, axis=-1))
     return self.sum(jnp.zeros_like(x[..., :1]))
 
   def map(self, f: Callable, *entries):

@@ -1,0 +1,234 @@
+"""Soft top-k along a reduced axis split over 8 host devices: jit with NamedSharding
+(Auto and Explicit meshes), shard_map with ``axis_name=``, and pytrees whose leaves are
+sharded differently. Forward and ``jax.grad`` against the unsharded computation, and the
+compiled HLO: an all-reduce of per-row scalars, never an all-gather.
+
+Run as a script (``tests/test_sharded_axis.py`` does, in a subprocess): host devices must
+be configured before JAX starts. ``python tests/sharded_check.py [group ...]`` runs the
+named groups (``fast``, ``jit``, ``jit_explicit``, ``shard_map``, ``errors``, ``tree``;
+default: all but ``fast``, which is a subset); it prints one ``OK``/``FAIL`` line per check and exits 1 if
+any failed.
+"""
+
+import os
+import re
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import implicit_topk as itk  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+FAILED = []
+
+
+def report(ok, name, detail=""):
+  print(f"{'OK  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
+  if not ok:
+    FAILED.append(name)
+
+
+def compare(name, got, want, rtol, atol):
+  got, want = np.asarray(got), np.asarray(want)
+  ok = got.shape == want.shape and np.allclose(got, want, rtol=rtol, atol=atol)
+  report(ok, name, f"max |diff| {np.max(np.abs(got - want)):.2e}" if got.shape == want.shape
+         else f"shape {got.shape} != {want.shape}")
+
+
+def check_hlo(name, fn, *args):
+  """all-reduce present; no all-gather, all-to-all or collective-permute of the data.
+  Returns the compiled function (so that the check costs no second compilation)."""
+  compiled = jax.jit(fn).lower(*args).compile()
+  text = compiled.as_text()
+  gathers = re.findall(r"all-gather[-a-z]*\(", text)
+  others = re.findall(r"(?:all-to-all|collective-permute)[-a-z]*\(", text)
+  reduces = len(re.findall(r"all-reduce[-a-z]*\(", text))
+  report(reduces > 0 and not gathers and not others, name + " HLO",
+         f"{reduces} all-reduce, {len(gathers)} all-gather, {len(others)} other collectives")
+  return compiled
+
+
+def operators(n):
+  k = 0.005 * n + 0.5  # 40.5 at n = 8192
+  return {
+      "mask": lambda z, **kw: itk.soft_topk_mask(z, k, l=0.1, **kw),
+      "mask_p2": lambda z, **kw: itk.soft_topk_mask(z, k, l=0.1, p=2.0, **kw),
+      "mag": lambda z, **kw: itk.soft_topk_mag(z, k, l=0.1, **kw),
+  }
+
+
+def loss_of(op, weights):
+  return lambda z: jnp.sum(op(z) * weights)
+
+
+def group_jit(mesh, shapes=((4, 8192), (4, 64)), dtypes=(jnp.float32, jnp.float64),
+              label="auto", names=None):
+  """jax.jit on an input placed with NamedSharding(mesh, P(None, "d"))."""
+  sharding = NamedSharding(mesh, P(None, "d"))
+  for shape in shapes:
+    for dtype in dtypes:
+      tol = (2e-5, 2e-6) if dtype == jnp.float32 else (1e-10, 1e-12)
+      x0 = jax.random.normal(jax.random.PRNGKey(0), shape, dtype)
+      w0 = jnp.cos(3 * x0)
+      x = jax.device_put(x0, sharding)
+      w = jax.device_put(w0, sharding)
+      for name, op in operators(shape[-1]).items():
+        if names and name not in names:
+          continue
+        tag = f"jit[{label}] {name} {shape} {jnp.dtype(dtype).name}"
+        loss_grad = jax.grad(lambda z, w_, op=op: jnp.sum(op(z) * w_))
+        with jax.set_mesh(mesh):
+          if dtype == jnp.float32:
+            fwd = check_hlo(tag + " fwd", op, x)
+            bwd = check_hlo(tag + " grad", loss_grad, x, w)
+          else:
+            fwd, bwd = jax.jit(op), jax.jit(loss_grad)
+          out, grad = fwd(x), bwd(x, w)
+        compare(tag + " fwd", out, op(x0), *tol)
+        compare(tag + " grad", grad, jax.grad(loss_of(op, w0))(x0), *tol)
+        report(out.sharding.spec == P(None, "d") or label == "auto" and
+               out.sharding.is_equivalent_to(sharding, 2), tag + " output sharding",
+               str(out.sharding.spec))
+
+
+def group_shard_map(mesh, shapes=((4, 8192), (4, 64)), names=None, full=True):
+  """shard_map over the reduced axis with axis_name="d"."""
+  spec = P(None, "d")
+  for shape in shapes:
+    x0 = jax.random.normal(jax.random.PRNGKey(1), shape, jnp.float64)
+    w0 = jnp.cos(3 * x0)
+    x = jax.device_put(x0, NamedSharding(mesh, spec))
+    for name, op in operators(shape[-1]).items():
+      if names and name not in names:
+        continue
+      tag = f"shard_map {name} {shape}"
+      local = lambda z, op=op: op(z, axis_name="d")
+      mapped = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec)
+      loss = lambda z, mapped=mapped: jnp.sum(mapped(z) * w0)
+      with jax.set_mesh(mesh):
+        out = check_hlo(tag + " fwd", mapped, x)(x)
+      compare(tag + " fwd", out, op(x0), 1e-10, 1e-12)
+      if not full:
+        continue
+      with jax.set_mesh(mesh):
+        grad = check_hlo(tag + " grad", jax.grad(loss), x)(x)
+      compare(tag + " grad", grad, jax.grad(loss_of(op, w0))(x0), 1e-10, 1e-12)
+      if name == "mask":
+        # forward mode through the psum'd Newton iteration
+        tangent = jnp.sin(x0)
+        with jax.set_mesh(mesh):
+          _, jvp = jax.jit(lambda z, t: jax.jvp(mapped, (z,), (t,)))(x, tangent)
+        _, want = jax.jvp(op, (x0,), (tangent,))
+        compare(tag + " jvp", jvp, want, 1e-10, 1e-12)
+        # a row split over devices with `where` and per-row k
+        valid = jnp.arange(shape[-1]) < shape[-1] // 3
+        where = jnp.broadcast_to(valid, shape)
+        masked = jax.shard_map(
+            lambda z, wh: itk.soft_topk_mask(z, 2.5, l=0.1, where=wh, axis_name="d"),
+            mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+        with jax.set_mesh(mesh):
+          got = jax.jit(masked)(x, where)
+        compare(tag + " where", got, itk.soft_topk_mask(x0, 2.5, l=0.1, where=where),
+                1e-10, 1e-12)
+
+
+def group_errors(mesh):
+  spec = P(None, "d")
+  x = jax.device_put(jnp.ones((4, 64)), NamedSharding(mesh, spec))
+  cases = {
+      "axis_name not in the mesh": (lambda z: itk.soft_topk_mask(z, 2.0, axis_name="e"),
+                                    "`axis_name`='e' is not a mesh axis"),
+      "axis_name with solver='pav'": (
+          lambda z: itk.soft_topk_mask(z, 2.0, axis_name="d", solver="pav"),
+          "solver='pav' sorts whole rows"),
+  }
+  for name, (fn, match) in cases.items():
+    mapped = jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec)
+    try:
+      with jax.set_mesh(mesh):
+        jax.jit(mapped)(x)
+      report(False, f"error {name}", "no error")
+    except ValueError as e:
+      report(match in str(e), f"error {name}", str(e)[:160])
+  try:
+    itk.soft_topk_mask(jnp.ones((4, 64)), 2.0, axis_name="d")
+    report(False, "error axis_name outside shard_map", "no error")
+  except ValueError as e:
+    report("no mesh axis is bound" in str(e), "error axis_name outside shard_map", str(e)[:160])
+  # a replicated input (not split over "d") is refused: its sums would count 8 times
+  mapped = jax.shard_map(lambda z: itk.soft_topk_mask(z, 2.0, axis_name="d"), mesh=mesh,
+                         in_specs=P(), out_specs=P())
+  try:
+    with jax.set_mesh(mesh):
+      jax.jit(mapped)(jnp.ones((4, 64)))
+    report(False, "error replicated input", "no error")
+  except ValueError as e:
+    report("does not vary over that mesh axis" in str(e), "error replicated input", str(e)[:160])
+
+
+def group_tree(mesh):
+  """One threshold over a pytree whose leaves are sharded differently."""
+  mesh2 = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+  keys = jax.random.split(jax.random.PRNGKey(2), 3)
+  tree0 = {"w1": jax.random.normal(keys[0], (64, 32)),
+           "w2": jax.random.normal(keys[1], (32, 16)) * 0.5,
+           "b": jax.random.normal(keys[2], (16,))}
+  shardings = {"w1": NamedSharding(mesh2, P("a", "b")), "w2": NamedSharding(mesh2, P("b")),
+               "b": NamedSharding(mesh2, P())}
+  tree = jax.device_put(tree0, shardings)
+  flat0 = jnp.concatenate([leaf.ravel() for leaf in jax.tree.leaves(tree0)])
+  n = flat0.size
+  for name, tree_op, op in (
+      ("tree_mask", lambda t: itk.tree_soft_topk_mask(t, 0.1 * n + 0.5, l=0.1),
+       lambda v: itk.soft_topk_mask(v, 0.1 * n + 0.5, l=0.1)),
+      ("tree_mag", lambda t: itk.tree_soft_topk_mag(t, 0.1 * n + 0.5, l=0.1),
+       lambda v: itk.soft_topk_mag(v, 0.1 * n + 0.5, l=0.1))):
+    with jax.set_mesh(mesh2):
+      out = jax.jit(tree_op)(tree)
+      grad = jax.jit(jax.grad(lambda t: sum(jnp.sum(jnp.cos(v) * y) for v, y in zip(
+          jax.tree.leaves(t), jax.tree.leaves(tree_op(t))))))(tree)
+    flat_out = jnp.concatenate([leaf.ravel() for leaf in jax.tree.leaves(out)])
+    compare(f"{name} sharded fwd", flat_out, op(flat0), 1e-10, 1e-12)
+    want = jax.grad(lambda v: jnp.sum(jnp.cos(v) * op(v)))(flat0)
+    flat_grad = jnp.concatenate([leaf.ravel() for leaf in jax.tree.leaves(grad)])
+    compare(f"{name} sharded grad", flat_grad, want, 1e-10, 1e-12)
+    report(all(o.sharding.is_equivalent_to(shardings[key], o.ndim) for key, o in out.items()),
+           f"{name} leaves keep their shardings",
+           str({key: str(o.sharding.spec) for key, o in out.items()}))
+    with jax.set_mesh(mesh2):
+      check_hlo(f"{name} sharded", tree_op, tree)
+
+
+def main(groups):
+  mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+  explicit = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
+  runs = {
+      # the default test run: the issue's case under jit, shard_map on a small row, errors
+      "fast": lambda: (group_jit(mesh, shapes=((4, 8192),), dtypes=(jnp.float32,),
+                                 names=("mask",)),
+                       group_shard_map(mesh, shapes=((4, 64),), names=("mask",), full=False),
+                       group_errors(mesh)),
+      "jit": lambda: group_jit(mesh),
+      "jit_explicit": lambda: group_jit(explicit, shapes=((4, 8192),), dtypes=(jnp.float32,),
+                                        label="explicit"),
+      "shard_map": lambda: group_shard_map(mesh),
+      "errors": lambda: group_errors(mesh),
+      "tree": lambda: group_tree(mesh),
+  }
+  for group in groups or [name for name in runs if name != "fast"]:
+    try:
+      runs[group]()
+    except Exception as e:  # pylint: disable=broad-except
+      report(False, f"group {group}", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+  print("FAILED", FAILED if FAILED else "none")
+  return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
