@@ -194,7 +194,12 @@ def _sorted_argmax(values, ids, s, w, l, regularizer):
   # init like the values (not s): under shard_map, s = the ranks is not varying.
   u, _ = _implicit.implicit_root(solver, optimality, jnp.zeros_like(values), (s, w, l_col),
                                  backend="lax")
-  return regularizer.link((s - at_blocks(u)) / l_col)
+  y = regularizer.link((s - at_blocks(u)) / l_col)
+  # A singleton block's condition is link(z_i) = w_i, so y_i = w_i, derivatives included;
+  # through the link they would be 0 / 0 where w_i = 0 (link'(0) = 0 for p < 2, inf for p > 2).
+  before = jnp.pad(ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+  after = jnp.pad(ids[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
+  return jnp.where((ids != before) & (ids != after), w, y)
 
 
 def _permutahedron(x, w, *, l, p, regularizer, axis, solver):

@@ -92,3 +92,11 @@ def upper_quantile_of_normal(fraction, dtype) -> Any:
   """z with P(N(0, 1) > z) = fraction (fraction clipped to [1e-6, 1 - 1e-6])."""
   fraction = jnp.clip(jnp.asarray(fraction, dtype), 1e-6, 1 - 1e-6)
   return -jax.scipy.special.ndtri(fraction)
+
+
+def midpoint(a, b):
+  """``(a + b) / 2`` without overflow for any finite ``a``, ``b`` (both near the float
+  maximum): halves the sum where the signs differ, else adds half the difference.
+  (``0.5 * a + 0.5 * b`` is not enough: XLA refactors it into ``0.5 * (a + b)``.)"""
+  same_sign = (a >= 0) == (b >= 0)
+  return jnp.where(same_sign, a + 0.5 * (b - a), 0.5 * (a + b))

@@ -26,7 +26,7 @@ import numpy as np
 
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.problems import layout as _layout
-from implicit_topk.problems.base import Bracket, finite_moments, upper_quantile_of_normal
+from implicit_topk.problems.base import Bracket, finite_moments, midpoint, upper_quantile_of_normal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +158,7 @@ class CappedSimplex:
     quantile = mean + std * upper_quantile_of_normal((k - n_pos_inf) / n_finite, dtype)
     z0, z1 = self.regularizer.saturation
     guess = quantile - 0.5 * l * (min(z1, 1.0) + max(z0, -1.0))
-    middle = 0.5 * (bracket.lo + bracket.hi)
+    middle = midpoint(bracket.lo, bracket.hi)
     return jnp.clip(jnp.where(jnp.isfinite(guess), guess, middle), bracket.lo, bracket.hi)
 
   def snap(self, lam, x, k, l, known):
@@ -186,7 +186,7 @@ class CappedSimplex:
     a = L.max(L.map(lambda v, t: jnp.where(t, -jnp.inf, v), x, top)) - l * z0
     b = L.min(L.map(lambda v, t: jnp.where(t, v, jnp.inf), x, top)) - l * z1
     binary = (count == k) & (a <= b) & jnp.isfinite(a) & jnp.isfinite(b) & ~known
-    return jnp.where(binary, 0.5 * (a + b), lam)
+    return jnp.where(binary, midpoint(a, b), lam)
 
   # -- solver-specific pieces ------------------------------------------------------
   def supports(self, solver_name: str) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.problems import layout as _layout
-from implicit_topk.problems.base import Bracket, upper_quantile_of_normal
+from implicit_topk.problems.base import Bracket, midpoint, upper_quantile_of_normal
 from implicit_topk.problems.capped_simplex import _check_sortable
 
 _BISECT_STEPS = 64  # scalar bisection steps for h^{-1} when snapping binary rows
@@ -151,7 +151,7 @@ class Magnitude:
     rms = jnp.sqrt(L.sum(L.map(lambda v, f: jnp.where(f, v * v, 0), x, finite)) / count)
     guess = rms * upper_quantile_of_normal(0.5 * k / count, dtype)
     inside = (guess > bracket.lo) & (guess < bracket.hi)
-    return jnp.where(inside, guess, 0.5 * (bracket.lo + bracket.hi))
+    return jnp.where(inside, guess, midpoint(bracket.lo, bracket.hi))
 
   def snap(self, lam, x, k, l, known):
     r"""Moves ``lam`` into the interior of the flat root interval of a binary solution.
@@ -178,7 +178,7 @@ class Magnitude:
 
     def bisect(_, bounds):
       lo, hi = bounds
-      mid = 0.5 * (lo + hi)
+      mid = midpoint(lo, hi)
       below = self._h(mid, l) <= top_min
       return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
 

@@ -1140,10 +1140,37 @@ def capped_simplex_threshold(x, k, l, p):
     # array, so the (possibly read-only) input is never modified.  NaNs sort
     # last and +-inf to the ends, which _capped_row relies on.
     xs = np.sort(x2, axis=-1)
+    # The problem depends on x / l only (lam scales with them), and the kernel squares
+    # l-sized quantities: rows whose l is far from 1 are solved on x / 2^e, l / 2^e
+    # (2^e the binade of l, an exact rescaling) and lam is scaled back.
+    xs, l64, scale = _rescale_far_l(xs, l64)
     lam = np.empty(B, dtype=np.float64)
     if B > 0:
         _CAP[kind](xs, k64, l64, a, pm1, lam)
+    if scale is not None:
+        with np.errstate(over="ignore"):
+            lam = lam * scale
     return lam[0] if squeeze else lam
+
+
+_FAR_L = 2.0 ** 64  # l outside [1 / _FAR_L, _FAR_L] is rescaled to [1, 2)
+
+
+def _rescale_far_l(xs, l64):
+    """``(xs, l, None)`` when every finite ``l`` is within ``[2^-64, 2^64]``; else
+    float64 ``xs / c`` and ``l / c`` with ``c = 2^e`` per row (1 for the other rows),
+    ``l / c`` in ``[1, 2)``, and ``c``. Powers of two rescale exactly unless an entry
+    leaves the float range, where it becomes +-inf or 0: its distance to the others
+    exceeds the float range in units of ``l`` anyway."""
+    with np.errstate(invalid="ignore"):
+        far = np.isfinite(l64) & (l64 > 0) & ((l64 > _FAR_L) | (l64 < 1.0 / _FAR_L))
+    if not far.any():
+        return xs, l64, None
+    exponent = np.where(far, np.frexp(np.where(far, l64, 1.0))[1] - 1, 0)
+    scale = np.ldexp(1.0, exponent)
+    with np.errstate(over="ignore", under="ignore"):
+        xs = xs.astype(np.float64) / scale[:, None]
+    return np.ascontiguousarray(xs), l64 / scale, scale
 
 
 # ============================================================================

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from implicit_topk import _validation
+from implicit_topk.problems.base import midpoint
 from implicit_topk.solvers.base import ThresholdRootSolver
 
 
@@ -71,7 +72,7 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   accept = (dphi < 0) & small_step & (jnp.abs(phi) <= phi_tol * residual_scale(lam))
   use_newton = accept | ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
                          & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)))
-  middle = 0.5 * (lo + hi)
+  middle = midpoint(lo, hi)
   if geometric:
     middle = jnp.where(iter_num % 2 == 0, _geometric_middle(lo, hi, middle), middle)
   candidate = jnp.where(use_newton, newton, middle)
@@ -96,7 +97,7 @@ def _geometric_middle(lo, hi, middle):
   far = jnp.where(positive, hi, -lo)
   near = jnp.maximum(near, tiny * far)
   wide = (positive | negative) & (far > 4 * near) & jnp.isfinite(far)
-  root = jnp.sqrt(jnp.where(wide, near, 1) * jnp.where(wide, far, 1))
+  root = jnp.sqrt(jnp.where(wide, near, 1)) * jnp.sqrt(jnp.where(wide, far, 1))  # no overflow
   return jnp.where(wide, jnp.where(positive, root, -root), middle)
 
 
@@ -124,6 +125,10 @@ def _newton_step(problem, tols, x, k, l, carry):
 def _init_carry(problem, init, x, k, l):
   """The loop carry, and the bracket (its ``known`` rows are done from the start)."""
   bracket = problem.bracket(x, k, l)
+  # A bracket end that overflowed (x near the float maximum, l large) is clamped to the
+  # float range: bisection from an infinite end would never move.
+  big = jnp.finfo(bracket.lo.dtype).max
+  bracket = bracket._replace(lo=jnp.clip(bracket.lo, -big, big), hi=jnp.clip(bracket.hi, -big, big))
   start = problem.initial_guess(x, k, l, bracket) if init is None else jnp.clip(
       init, bracket.lo, bracket.hi)
   lam = jnp.where(bracket.known, bracket.value, start)
