@@ -262,6 +262,15 @@ def _solve_finite_row(reg, xf, k, l):
   return y, t, z
 
 
+def _float_or_inf(q):
+  """float(q), or +-inf where |q| is beyond the float range (a threshold near the float
+  maximum shifted by l can be)."""
+  try:
+    return float(q)
+  except OverflowError:
+    return math.inf if q > 0 else -math.inf
+
+
 def mask_row(x, k, l, reg):
   """The soft top-k mask of one row (1-D float64) with its documented non-finite behaviour.
 
@@ -289,7 +298,7 @@ def mask_row(x, k, l, reg):
   elif k_rest > 0:
     yf, t, z = _solve_finite_row(reg, x[finite], k_rest, float(l))
     y[finite] = yf
-    info = dict(t=t, z=z, lam=float(t * Fraction(float(l))), finite=finite)
+    info = dict(t=t, z=z, lam=_float_or_inf(t * Fraction(float(l))), finite=finite)
   return y, info
 
 
@@ -482,6 +491,8 @@ def _mag_lambda(s, k, l, a):
     else:
       log_hi = mid
   lo, hi = math.exp(log_lo), math.exp(log_hi)
+  if hi < max(nz) and _mag_terms(s, hi, math.log(hi), l, a) - k >= 0:
+    hi = max(nz)  # exp(log(max)) rounded below max, inside the root's bracket: phi(max) = -k
   if lo > 1e-300 and math.isfinite(hi):
     while True:
       mid = 0.5 * (lo + hi)

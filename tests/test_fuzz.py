@@ -312,7 +312,11 @@ def test_mask_dykstra_certified_l1(data):
 @given(data=st.data())
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
 def test_mask_near_float_max(solver, data):
-  """Entries near the float maximum (and mixed signs whose differences overflow), l on their scale."""
+  """Entries near the float maximum, l on their scale (up to 2^1021: README, l must stay
+  below 2^1022 so that 1 / l is a normal float). Where the exact threshold is beyond the
+  float range, or a row's spread overflows (mixed signs), README documents that no float
+  threshold may reach sum y = k: there y stays in [0, 1] and return_info reports
+  |sum y - k|."""
   n = data.draw(st.sampled_from((2, 5)), label="n")
   big = np.finfo(np.float64).max
   x = data.draw(st.lists(st.floats(-1, 1), min_size=B * n, max_size=B * n).map(
@@ -320,9 +324,22 @@ def test_mask_near_float_max(solver, data):
   same_sign = data.draw(st.booleans(), label="same_sign")
   x = (0.5 + 0.5 * np.abs(x) if same_sign else x) * big
   k = data.draw(k_rows(n), label="k")
-  l = big * data.draw(st.lists(log_uniform(-8, 0), min_size=B, max_size=B).map(np.array), label="l")
-  _check_mask(x, k, l, p=data.draw(st.sampled_from((4.0 / 3.0, 2.0)), label="p"), reg=None,
-              solver=solver)
+  l = 2.0**1021 * data.draw(st.lists(log_uniform(-8, 0), min_size=B, max_size=B).map(np.array),
+                            label="l / 2^1021")
+  p = data.draw(st.sampled_from((4.0 / 3.0, 2.0)), label="p")
+  y, info = mask(x, k, l, p=p, solver=solver, return_info=True)
+  y = np.asarray(y)
+  ref, ref_info = R.soft_topk_mask(x, k, l, p, with_info=True)
+  with np.errstate(over="ignore"):
+    beyond = np.isinf(x.max(-1) - x.min(-1)) | np.array([np.isinf(i["lam"]) for i in ref_info])
+  note(f"rows beyond the float range: {beyond}")
+  ok = ~beyond
+  assert_close(y[ok], ref[ok], mtol(x, k, l, p)[ok], "near the float maximum")
+  if beyond.any():
+    yo = y[beyond]
+    assert np.all((yo >= 0) & (yo <= 1))
+    resid = np.abs(yo.sum(-1) - k[beyond])
+    np.testing.assert_allclose(resid, np.asarray(info.residual)[beyond], atol=16 * n * U64)
 
 
 @slow
@@ -334,8 +351,12 @@ def test_mask_small_cases(solver):
   for p in (1.01, 4.0 / 3.0, 2.0, 10.0):
     if solver == "threshold" and p == 10.0:
       continue  # F3c
-    y = mask(np.full((2, 7), 2.5), np.array([3.5, 1e-6]), np.array([1e-8, 1e8]), p=p, solver=solver)
-    assert_close(y, np.array([[3.5 / 7] * 7, [1e-6 / 7] * 7]), 4e-16, f"all equal {solver} {p}")
+    x, k, l = np.full((2, 7), 2.5), np.array([3.5, 1e-6]), np.array([1e-8, 1e8])
+    # y = g(-lam / l) with g(z) = z^(1/(p-1)): a few ulps of lam are 1/(p-1) times as many
+    # in y (100 for p = 1.01), which mtol accounts for (and for the unshifted row with
+    # l = 1e8, the FOUND limit of test_found_mask_resolved_from_row_max)
+    assert_close(mask(x, k, l, p=p, solver=solver), np.array([[3.5 / 7] * 7, [1e-6 / 7] * 7]),
+                 mtol(x, k, l, p), f"all equal {solver} {p}")
   x = np.array([1.0, 1.0, 0.0])
   y = mask(x, 1.0, 1e-3, p=2.0, solver=solver)
   assert_close(y, [0.5, 0.5, 0.0], mtol(x, 1.0, 1e-3, 2.0), "tie at the top")
@@ -813,8 +834,9 @@ def test_fast_hard_operators(data):
 # 8. permutahedron: soft_sort, soft_rank, soft_quantile, soft_topk_values, permutahedron_argmax
 # ---------------------------------------------------------------------------------------
 
-_sort_jit = jax.jit(itk.soft_sort, static_argnames=("p", "regularizer", "axis", "descending", "topk"))
-_rank_jit = jax.jit(itk.soft_rank, static_argnames=("p", "regularizer", "axis", "descending"))
+_sort_jit = jax.jit(itk.soft_sort, static_argnames=("p", "regularizer", "axis", "descending", "topk",
+                                                   "solver"))
+_rank_jit = jax.jit(itk.soft_rank, static_argnames=("p", "regularizer", "axis", "descending", "solver"))
 
 
 @given(data=st.data())
@@ -837,8 +859,9 @@ def test_fast_soft_sort_rank_vs_reference(data):
 @slow
 @SLOW
 @given(data=st.data())
+@pytest.mark.parametrize("solver", ["auto", "pav"])
 @pytest.mark.parametrize("op", ["sort", "rank", "argmax"])
-def test_permutahedron_sweep(op, data):
+def test_permutahedron_sweep(op, solver, data):
   n = data.draw(st.sampled_from((1, 2, 5, 16)), label="n")
   reg = data.draw(st.sampled_from(("pnorm", "pnorm", "entropy")), label="reg")
   p = data.draw(st.sampled_from((4.0 / 3.0, 1.5, 2.0, 3.0)), label="p") if reg == "pnorm" else 2.0
@@ -848,7 +871,7 @@ def test_permutahedron_sweep(op, data):
   rkw = dict(regularizer="entropy") if reg == "entropy" else dict(p=p)
   if op == "rank":
     l = scale * data.draw(st.lists(log_uniform(-3, 3), min_size=B, max_size=B).map(np.array), label="l/scale")
-    y = np.asarray(_rank_jit(x, l=l, descending=desc, **rkw))
+    y = np.asarray(_rank_jit(x, l=l, descending=desc, solver=solver, **rkw))
     name = None if reg == "pnorm" else reg
     ref = R.soft_rank(x, l, p, name, descending=desc)
     assert_close(y, ref, R.soft_rank_tolerance(x, l, p, name, desc, eps=U64), "rank")
@@ -860,7 +883,7 @@ def test_permutahedron_sweep(op, data):
     # l in x's units^(2-p) (sort(c x, l c^(2-p)... ) keeps the problem scale-free
     l = scale ** (2 - p) * data.draw(st.lists(log_uniform(-3, 3), min_size=B, max_size=B)
                                      .map(np.array), label="l")
-    y = np.asarray(_sort_jit(x, l=l, descending=desc, **rkw))
+    y = np.asarray(_sort_jit(x, l=l, descending=desc, solver=solver, **rkw))
     name = None if reg == "pnorm" else reg
     ref = R.soft_sort(x, l, p, name, descending=desc)
     assert_close(y, ref, R.soft_sort_tolerance(x, l, p, name, desc, eps=U64), "sort")
@@ -871,7 +894,7 @@ def test_permutahedron_sweep(op, data):
       w = np.abs(w) + 0.25
     l = data.draw(st.lists(log_uniform(-2, 2), min_size=B, max_size=B).map(np.array), label="l")
     x = x / scale
-    y = np.asarray(itk.permutahedron_argmax(x, w, l=l, **rkw))
+    y = np.asarray(itk.permutahedron_argmax(x, w, l=l, solver=solver, **rkw))
     regr = R.regularizer(None if reg == "pnorm" else reg, p)
     ref = np.stack([R.permutahedron_row(x[i], w[i], l[i], regr) for i in range(B)])
     tol = np.stack([R.permutahedron_tolerance(x[i], w[i], l[i], regr, eps=U64) for i in range(B)])
@@ -934,7 +957,8 @@ def test_permutahedron_invariances(data):
 @slow
 @SLOW_FEW
 @given(data=st.data())
-def test_permutahedron_jvp_vs_finite_differences(data):
+@pytest.mark.parametrize("solver", ["auto", "pav"])
+def test_permutahedron_jvp_vs_finite_differences(solver, data):
   n = data.draw(st.sampled_from((2, 5)), label="n")
   p = data.draw(st.sampled_from((4.0 / 3.0, 1.5, 2.0)), label="p")
   x = data.draw(unit_rows(n, continuous_only=True), label="x")
@@ -958,7 +982,7 @@ def test_permutahedron_jvp_vs_finite_differences(data):
   assume(all(b[3] and b[4] for b in b0) and np.all(np.abs(np.diff(np.sort(x, -1))) > 1e-4))
   assume(blocks(-2 * h) == b0 and blocks(2 * h) == b0)
   for fn, ref in ((itk.soft_rank, R.soft_rank), (itk.soft_sort, R.soft_sort)):
-    _, tangent = jax.jvp(lambda x_, l_: fn(x_, l=l_, p=p), (jnp.asarray(x), jnp.asarray(l)),
+    _, tangent = jax.jvp(lambda x_, l_: fn(x_, l=l_, p=p, solver=solver), (jnp.asarray(x), jnp.asarray(l)),
                          (jnp.asarray(v), jnp.asarray(vl)))
     fd = _central(lambda t: ref(x + t * v, l + t * vl, p), h)
     np.testing.assert_allclose(np.asarray(tangent), fd, atol=1e-6, rtol=1e-5, err_msg=fn.__name__)
@@ -1344,10 +1368,16 @@ def test_found_hard_topk_mask_signed_zero_tie():
                    "so a fractional entry is not resolved to the ulp of its distance from the row "
                    "maximum as README says (all-equal rows miss k/n by 4e-10; k = n misses exact ones)")
 @pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
-@pytest.mark.parametrize("x,k,l", [([7.0, 7.0, 7.0, 7.0], 2.0, 1e-6), slow_param([1.0, 1.0, 0.0], 1.0, 1e-3),
-                                   slow_param([3.3, 3.3, 3.3], 3.0, 0.3)])
+@pytest.mark.parametrize("x,k,l", [([7.0, 7.0, 7.0, 7.0], 2.0, 1e-6), slow_param([1.0, 1.0, 0.0], 1.0, 1e-3)])
 def test_found_mask_resolved_from_row_max(x, k, l, solver):
   _check_mask(np.array(x), k, l, p=2.0, reg=None, solver=solver, strict=True)
+
+
+@pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
+def test_k_equal_n_is_exact_ones_on_equal_rows(solver):
+  """(was in the FOUND list above) k = n gives exact ones (README's k rule), all-equal
+  rows included."""
+  _check_mask(np.array([3.3, 3.3, 3.3]), 3.0, 0.3, p=2.0, reg=None, solver=solver, strict=True)
 
 
 @pytest.mark.xfail(strict=True, reason="FOUND: soft_topk_mag(solver='threshold') keeps an entry "
