@@ -199,7 +199,8 @@ def _sorted_argmax(values, ids, s, w, l, regularizer):
   # through the link they would be 0 / 0 where w_i = 0 (link'(0) = 0 for p < 2, inf for p > 2).
   before = jnp.pad(ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
   after = jnp.pad(ids[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
-  return jnp.where((ids != before) & (ids != after), w, y)
+  singleton = (ids != before) & (ids != after) & ~jnp.isnan(y)  # NaN rows stay NaN
+  return jnp.where(singleton, w, y)
 
 
 def _permutahedron(x, w, *, l, p, regularizer, axis, solver):

@@ -1380,9 +1380,9 @@ def test_k_equal_n_is_exact_ones_on_equal_rows(solver):
   _check_mask(np.array([3.3, 3.3, 3.3]), 3.0, 0.3, p=2.0, reg=None, solver=solver, strict=True)
 
 
-@pytest.mark.xfail(strict=True, reason="FOUND: soft_topk_mag(solver='threshold') keeps an entry "
-                   "below a threshold lam ~ 2e-252 (documented: |x_i| <= lam gives exactly 0)")
 def test_found_mag_threshold_tiny_lambda():
+  """(was a FOUND strict xfail: soft_topk_mag(solver='threshold') kept an entry below a
+  threshold lam ~ 2e-252; fixed with the overflow-free bisection midpoints)"""
   x = np.array([1.0, 1e-84, 1e-300])  # lam = 2e-252 (4/3: g(t) = t^3, (1e-84)^3 / lam = 1/2)
   out, lam = R.mag_row(x, 1.5, 1.0, 4.0 / 3.0)
   assert 1e-300 < lam < 1e-84 and out[2] == 0.0

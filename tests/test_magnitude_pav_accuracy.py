@@ -30,6 +30,7 @@ from decimal import Decimal
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -169,6 +170,7 @@ def test_reproducer_tiny_pair():
   np.testing.assert_allclose(out, [1e-15, 2e-15], rtol=4e-16, atol=0)
 
 
+@pytest.mark.slow
 def test_reproducer_p_near_one():
   """p = 1.1 (a = 10), l = 4.48e-8: lam sits 6e-8 below |x| = 22.51, so one ulp of lam
   moves the output by 1.3e-5. The threshold is exact to a few ulps, the output to its
@@ -189,6 +191,7 @@ def test_exponent_is_the_output_maps():
 # -- property: pav against the reference --------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(

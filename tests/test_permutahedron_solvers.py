@@ -20,6 +20,14 @@ from implicit_topk import permutahedron as perm
 from implicit_topk import regularizers
 from implicit_topk.solvers import isotonic
 
+def fast_only(values, *fast):
+  """Parameters for a parametrization whose values outside ``fast`` are in the slow group
+  (a test case is slow when any of its parameters is): the default run keeps one or two
+  compilations per test, ``-m slow`` runs the rest."""
+  return [v if v in fast else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
+          for v in values]
+
+
 KINDS = {"p1.5": dict(p=1.5), "p2": dict(p=2.0), "p3": dict(p=3.0),
          "entropy": dict(regularizer="entropy")}
 
@@ -143,9 +151,9 @@ CASES = [  # (name, shape, ties)
 ]
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("case,shape,ties", CASES)
-@pytest.mark.parametrize("l", [0.05, 1.0, 30.0])
+@pytest.mark.parametrize("kind", fast_only(list(KINDS), "p1.5"))
+@pytest.mark.parametrize("case,shape,ties", fast_only(CASES, CASES[3]))
+@pytest.mark.parametrize("l", fast_only([0.05, 1.0, 30.0], 1.0))
 def test_pav_jax_matches_pav_and_the_reference(kind, case, shape, ties, l):
   # a stable seed per case (str hash() changes with every interpreter: PYTHONHASHSEED)
   x = _data(zlib.crc32(case.encode()) % 1000, shape, ties=ties)
@@ -166,7 +174,7 @@ def test_pav_jax_matches_pav_and_the_reference(kind, case, shape, ties, l):
                                  err_msg=f"{name} vs reference")
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", fast_only(list(KINDS), "p1.5"))
 def test_all_equal_rows_and_default_auto(kind):
   x = jnp.full((2, 6), 1.5)
   np.testing.assert_allclose(perm.soft_rank(x, **KINDS[kind]), np.full((2, 6), 3.5),
@@ -180,8 +188,8 @@ def test_all_equal_rows_and_default_auto(kind):
   np.testing.assert_array_equal(auto, explicit)
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("kind", fast_only(list(KINDS), "p1.5"))
+@pytest.mark.parametrize("dtype", fast_only([jnp.float32, jnp.float64], jnp.float64))
 def test_float32_and_float64_match_the_host(kind, dtype):
   x = jnp.asarray(_data(3, (4, 300)), dtype)
   for l in (0.1, 3.0):
@@ -192,7 +200,7 @@ def test_float32_and_float64_match_the_host(kind, dtype):
     np.testing.assert_allclose(ours, host, rtol=tol, atol=tol * 300)
 
 
-@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+@pytest.mark.parametrize("axis", fast_only([0, 1, 2, -1], 1))
 def test_three_d_inputs_along_each_axis(axis):
   x = jnp.asarray(_data(4, (3, 5, 6)))
   w = jnp.asarray(_data(5, (3, 5, 6), positive=True))
@@ -259,7 +267,7 @@ def _host_blocks(s, w, l, p):
   return values, ids
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", fast_only(list(KINDS), "p1.5"))
 def test_blocks_match_the_host_on_distinct_values(kind):
   # Continuous data: no two candidate blocks share a value, so the partition is unique.
   rng = np.random.default_rng(1)
@@ -277,6 +285,7 @@ def test_blocks_match_the_host_on_distinct_values(kind):
   assert 0 <= int(rounds) <= n
 
 
+@pytest.mark.slow
 def test_a_large_block_swallowing_its_neighbours_is_exact():
   # One outlier: its block absorbs neighbours one after another (a PAV cascade).
   n = 2000
@@ -298,7 +307,7 @@ def test_a_large_block_swallowing_its_neighbours_is_exact():
 # -- derivatives --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", fast_only(list(KINDS), "p1.5"))
 def test_gradients_match_finite_differences(kind):
   x = jnp.asarray(_data(10, (2, 7)))
   positive = jnp.asarray(_data(11, (2, 7), positive=True))
@@ -317,6 +326,7 @@ def test_gradients_match_finite_differences(kind):
   check_grads(h, (jnp.abs(w) + 0.5,), order=1, modes=("rev",), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
+@pytest.mark.slow
 def test_gradients_equal_the_host_path():
   x = jnp.asarray(_data(13, (3, 30), ties=True))
   w = jnp.asarray(_data(14, (3, 30)))
@@ -339,14 +349,15 @@ OPERATORS = {
 }
 
 
-@pytest.mark.parametrize("name", list(OPERATORS))
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("name", fast_only(list(OPERATORS), "soft_rank"))
+@pytest.mark.parametrize("dtype", fast_only([jnp.float32, jnp.float64], jnp.float64))
 def test_default_call_exports(name, dtype):
   f = OPERATORS[name]
   x = jax.random.normal(jax.random.PRNGKey(0), (4, 7), dtype)
   _check_export(f, x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("l", [0.01, 300.0])
 def test_long_rows_export(l):
   # Rows of 600: block arrays shrink (small l) or the run tests run (a cascade, large l).
@@ -411,6 +422,7 @@ SHARD_MAP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_default_calls_under_shard_map_on_two_host_devices():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
              JAX_PLATFORMS="cpu")

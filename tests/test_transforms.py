@@ -342,7 +342,8 @@ def test_invalid_arguments_raise():
 _DTYPES = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 1e-2, "float16": 2e-3}
 
 
-@parametrize_solver_slow_threshold
+@pytest.mark.parametrize("solver", [pytest.param(s, marks=pytest.mark.slow) for s in ("threshold", "pav")]
+                         + ["auto"])
 def test_dtype_in_out(solver):
   xs = {d: _x((4, 16), seed=7, dtype=d) for d in _DTYPES}
   w = jnp.arange(16.0)
