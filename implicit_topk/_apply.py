@@ -56,8 +56,11 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False):
   rows = solver.problem.normalize(rows, l_rows)
   step = solver.run(None, rows, k_rows, l_rows)
   y = solver.primal(step.params, rows, l_rows)
-  # A traced l is not checked: l <= 0 (or NaN) gives NaN rows, never a wrong mask.
-  y = layout.map(lambda v, l_: jnp.where(l_ > 0, v, jnp.nan), y, layout.expand(l_rows, rows))
+  # A traced l is not checked: l <= 0, l >= max_strength (or NaN) gives NaN rows, never a
+  # wrong mask.
+  upper = _validation.max_strength(dtype)
+  y = layout.map(lambda v, l_: jnp.where((l_ > 0) & (l_ < upper), v, jnp.nan), y,
+                 layout.expand(l_rows, rows))
   if where is not None:
     y = jnp.where(where, y, jnp.zeros_like(y))
   return (y, step.state) if return_info else y
@@ -128,7 +131,7 @@ def threshold_operator(solver, x, k, l, *, axis: int, return_info: bool = False,
   if concrete_where is not None and axis_name is None:
     _validation.check_k_per_row(k, np.sum(concrete_where, axis=axis), "the number of "
                                 "valid entries (`where`) of the row")
-  _validation.check_positive(l, "l")
+  _validation.check_strength(l, x.dtype)
   _validation.check_broadcast(k, batch_shape, "k")
   _validation.check_broadcast(l, batch_shape, "l")
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
@@ -170,7 +173,7 @@ def segment_operator(solver, x, segment_ids, k, l, *, num_segments, axis: int = 
   if ids is not None:
     sizes = np.bincount(ids, minlength=num_segments)
     _validation.check_k_per_row(k, sizes, "the size of its segment")
-  _validation.check_positive(l, "l")
+  _validation.check_strength(l, x.dtype)
   layout = _layout.Segments(num_segments, indices_are_sorted=bool(indices_are_sorted))
   solver = solver.with_layout(layout)
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
@@ -212,7 +215,7 @@ def tree_operator(solver, tree, k, l, *, name: str, return_info: bool = False):
       raise ValueError(f"`{arg}` must be a scalar (one threshold for the whole pytree); got "
                        f"shape {np.shape(value)}.")
   _validation.check_k(k, n)
-  _validation.check_positive(l, "l")
+  _validation.check_strength(l, min((leaf.dtype for leaf in checked), key=_validation.max_strength))
   solver = solver.with_layout(_layout.Tree())
   run = _solve_tree_jit if _hashable(solver) else _solve_tree
   return run(treedef.unflatten(checked), k, l, solver=solver, return_info=return_info)

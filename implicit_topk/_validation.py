@@ -128,6 +128,25 @@ def check_positive(value, name: str):
     raise ValueError(f"`{name}` must be finite and > 0; got {value!r}.")
 
 
+def max_strength(dtype) -> float:
+  """The largest regularization strength ``l`` a dtype supports: ``1 / tiny`` of its
+  compute dtype (2^1022 for float64, 2^126 for float32 and the half types). XLA on CPU
+  divides by ``l`` through its reciprocal, and flushes a subnormal reciprocal to 0."""
+  return float(1.0 / np.finfo(compute_dtype(dtype)).tiny)
+
+
+def check_strength(l, dtype, name: str = "l"):
+  """Checks ``0 < l < max_strength(dtype)`` (finite) when ``l`` is concrete."""
+  check_positive(l, name)
+  concrete = _concrete(l)
+  upper = max_strength(dtype)
+  if concrete is not None and not np.all(concrete < upper):
+    raise ValueError(
+        f"`{name}` must satisfy 0 < {name} < {upper:.4g} (2^{int(np.log2(upper))}: 1 / {name} must "
+        f"be a normal {compute_dtype(dtype).name} number) for {jnp.dtype(dtype).name} input; "
+        f"got {l!r}.")
+
+
 def check_p(p) -> float:
   """Checks that the p-norm exponent is a static real number > 1."""
   if isinstance(p, jax.core.Tracer):

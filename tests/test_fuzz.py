@@ -342,6 +342,25 @@ def test_mask_near_float_max(solver, data):
     np.testing.assert_allclose(resid, np.asarray(info.residual)[beyond], atol=16 * n * U64)
 
 
+@pytest.mark.parametrize("dtype,upper", [(np.float64, 2.0**1022), (np.float32, 2.0**126),
+                                         (ml_dtypes.bfloat16, 2.0**126)])
+def test_l_at_or_beyond_max_strength(dtype, upper):
+  """README: 0 < l < 2^1022 (float64) or 2^126 (float32 and half types); XLA on CPU
+  divides through 1 / l, which is 0 beyond (y = 0 rows, sum y != k). A concrete l there is
+  an error naming it; a traced one gives NaN rows; just below, the exact answer."""
+  x = np.array([0.0, 1.0], dtype)
+  with pytest.raises(ValueError, match=r"`l` must satisfy 0 < l <"):
+    itk.soft_topk_mask(x, 1.0, l=upper)
+  with pytest.raises(ValueError, match=r"`l` must satisfy 0 < l <"):
+    itk.soft_topk_mag(x, 1.0, l=upper)
+  traced = jax.jit(lambda l: itk.soft_topk_mask(x, 1.0, l=l))
+  assert np.all(np.isnan(np.asarray(traced(jnp.asarray(upper, jnp.float32 if upper < 1e300 else jnp.float64)),
+                                    np.float64)))
+  below = np.asarray(itk.soft_topk_mask(x, 1.0, l=upper / 2), np.float64)
+  # by symmetry y = (0.5, 0.5), up to the rounding of lam and of the cube in y = z^3
+  np.testing.assert_allclose(below, [0.5, 0.5], rtol=0, atol=8 * np.finfo(np.float64 if upper > 1e300 else np.float32).eps)
+
+
 @slow
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
 def test_mask_small_cases(solver):
