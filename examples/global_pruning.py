@@ -334,7 +334,7 @@ def plot(result, path):
   ax.set_title("Global pruning, MLP on digits, 8 devices", fontsize=10)
   ax.set_xticks([100 * s for s in sparsities])
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=7, loc="lower left")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
