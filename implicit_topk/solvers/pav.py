@@ -39,4 +39,8 @@ class PAVSolver(ThresholdRootSolver):
     # regularizers that never saturate) take its value, as in the other solvers.
     bracket = self.problem.bracket(x, k, l)
     lam = jnp.where(bracket.known, bracket.value, lam)
+    # As the Newton solver: a binary solution whose flat root interval is a single point
+    # (a gap of exactly l) gets that point, so the mask is exactly 0/1 (p near 1 turns
+    # an ulp of lam into several ulps of y).
+    lam = self.problem.snap(lam, x, k, l, bracket.known)
     return lam, jnp.zeros_like(x[..., 0], jnp.int32)
