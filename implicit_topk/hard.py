@@ -16,6 +16,8 @@ from implicit_topk import _validation
 
 def _topk_indicator(scores, k: int, axis: int, dtype):
   moved = jnp.moveaxis(scores, axis, -1)
+  # -0.0 and +0.0 are equal: one zero, so that the tie goes to the lower index
+  moved = jnp.where(moved == 0, jnp.zeros_like(moved), moved)
   _, indices = jax.lax.top_k(jax.lax.stop_gradient(moved), k)
   mask = jnp.put_along_axis(jnp.zeros(moved.shape, dtype), indices, jnp.ones((), dtype),
                             axis=-1, inplace=False)
@@ -39,9 +41,11 @@ def hard_topk_mask(x, k: int, axis: int = -1):
 def hard_topk_mag(x, k: int, axis: int = -1):
   """``x`` at the k entries of largest ``|x|`` along ``axis``, 0 elsewhere.
 
-  Its gradient w.r.t. ``x`` is the (constant) mask.
+  Its gradient w.r.t. ``x`` is the (constant) mask. Unselected entries are exactly 0,
+  also where they are +-inf or NaN.
   """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
   _validation.check_k(k, x.shape[axis], integer=True)
-  return x * _topk_indicator(jnp.abs(x), k, axis, x.dtype)
+  selected = _topk_indicator(jnp.abs(x), k, axis, x.dtype) > 0
+  return jnp.where(selected, x, jnp.zeros_like(x))

@@ -1369,17 +1369,15 @@ def test_known_mag_pav_accuracy(x, k, p):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="FOUND: hard_topk_mag gives NaN (x * 0) for an unselected "
-                   "+-inf or NaN entry; the docstring says 0 elsewhere")
 @pytest.mark.parametrize("x,k,expected", [([np.inf, 1.0, -np.inf, 2.0], 1, [np.inf, 0, 0, 0]),
                                           ([np.nan, 1.0, np.nan, 2.0], 1, [np.nan, 0, 0, 0])])
 def test_found_hard_topk_mag_unselected_nonfinite(x, k, expected):
+  """(was a FOUND strict xfail: x * 0 gave NaN for an unselected +-inf or NaN entry)"""
   assert_close(itk.hard_topk_mag(np.array(x), k), expected, 0.0, "hard_topk_mag")
 
 
-@pytest.mark.xfail(strict=True, reason="FOUND: hard_topk_mask breaks the documented tie rule "
-                   "(lower index first) between -0.0 and +0.0, which are equal")
 def test_found_hard_topk_mask_signed_zero_tie():
+  """(was a FOUND strict xfail: lax.top_k ranks +0.0 above -0.0, which are equal)"""
   assert_close(itk.hard_topk_mask(np.array([-0.0, 0.0, 1.0]), 2), [1.0, 0.0, 1.0], 0.0, "-0.0 tie")
 
 
