@@ -1381,9 +1381,10 @@ def test_found_hard_topk_mask_signed_zero_tie():
   assert_close(itk.hard_topk_mask(np.array([-0.0, 0.0, 1.0]), 2), [1.0, 0.0, 1.0], 0.0, "-0.0 tie")
 
 
-@pytest.mark.xfail(strict=True, reason="FOUND: rows within l/sqrt(eps) of 0 are solved unshifted, "
-                   "so a fractional entry is not resolved to the ulp of its distance from the row "
-                   "maximum as README says (all-equal rows miss k/n by 4e-10; k = n misses exact ones)")
+@pytest.mark.xfail(strict=True, reason="documented limit (README, limits of floating point): rows "
+                   "within l/sqrt(eps) of 0 are solved unshifted, so a fractional entry is resolved to "
+                   "the ulp of max(|x_i|, |lam|), not of its distance from the row maximum (all-equal "
+                   "rows miss k/n by 4e-10)")
 @pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
 @pytest.mark.parametrize("x,k,l", [([7.0, 7.0, 7.0, 7.0], 2.0, 1e-6), slow_param([1.0, 1.0, 0.0], 1.0, 1e-3)])
 def test_found_mask_resolved_from_row_max(x, k, l, solver):
