@@ -34,6 +34,20 @@ def load_digits(seed=0, label_noise=0.0, train_fraction=0.7):
   return (x[:split], y_train), (x[split:], y[split:])
 
 
+def load_digits_standardized(seed):
+  """scikit-learn's digits, a stratified 70/30 split, features standardized by the
+  training set's mean and standard deviation."""
+  from sklearn.datasets import load_digits as sklearn_digits
+  from sklearn.model_selection import train_test_split
+
+  data = sklearn_digits()
+  x = data.data.astype(np.float32) / 16.0
+  x_tr, x_te, y_tr, y_te = train_test_split(x, data.target, test_size=0.3,
+                                            random_state=seed, stratify=data.target)
+  mean, std = x_tr.mean(0), x_tr.std(0) + 1e-3
+  return ((x_tr - mean) / std, y_tr), ((x_te - mean) / std, y_te)
+
+
 def init_mlp(key, sizes):
   """Weights ~ N(0, 1/fan_in), zero biases."""
   params = []
@@ -66,9 +80,9 @@ def adam(grads, state, lr=1e-2, b1=0.9, b2=0.999, eps=1e-8):
   return updates, (m, v, t)
 
 
-def write_results(out, name, quick, result, markdown_text=None, plot=None):
+def write_results(out, name, quick, result, markdown_text=None, plot=None, figure=None):
   """Writes ``<out>/<name>[_quick].json`` (and ``.md``, and ``.png`` via ``plot(result,
-  path)`` when matplotlib is available); returns the path stem."""
+  path)`` when matplotlib is available, at ``figure`` if given); returns the path stem."""
   os.makedirs(out, exist_ok=True)
   stem = os.path.join(out, name + ("_quick" if quick else ""))
   with open(stem + ".json", "w") as f:
@@ -78,9 +92,11 @@ def write_results(out, name, quick, result, markdown_text=None, plot=None):
       f.write(markdown_text)
   if plot is not None:
     try:
-      plot(result, stem + ".png")
+      if figure is not None:
+        os.makedirs(os.path.dirname(figure) or ".", exist_ok=True)
+      plot(result, figure or stem + ".png")
     except ImportError:
-      pass
+      print("matplotlib not installed: no figure")
   return stem
 
 

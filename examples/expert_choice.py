@@ -60,6 +60,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import argparse  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
+import sys  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
 
@@ -69,6 +70,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import implicit_topk as itk  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402  (examples/_common.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ("expert choice, soft", "expert choice, soft, per sequence", "expert choice, hard",
@@ -359,17 +363,8 @@ def main(argv=None):
   result = run(opts)
   result.update(options=vars(opts), seconds=time.perf_counter() - start,
                 backend=jax.default_backend(), devices=jax.device_count())
-  os.makedirs(opts.out, exist_ok=True)
-  with open(os.path.join(opts.out, "expert_choice.json"), "w") as f:
-    json.dump(result, f, indent=1)
   text = markdown(result)
-  with open(os.path.join(opts.out, "expert_choice.md"), "w") as f:
-    f.write(text)
-  try:
-    os.makedirs(os.path.dirname(opts.figure) or ".", exist_ok=True)
-    plot(result, opts.figure)
-  except ImportError:
-    print("matplotlib not installed: no figure")
+  _common.write_results(opts.out, "expert_choice", False, result, text, plot, figure=opts.figure)
   print(text)
   summary = {v: {key: r[key] for key in ("test_mse", "load_max_over_mean", "unrouted",
                                          "demand_max_over_mean",

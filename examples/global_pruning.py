@@ -49,6 +49,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -58,24 +59,15 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E4
 
 import implicit_topk as itk  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402  (examples/_common.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARSITIES = (0.9, 0.95, 0.98)
 METHODS = ("per-layer hard", "global hard", "per-layer hard + FT", "global hard + FT",
            "global soft + FT")
 WEIGHTS = ("w1", "w2", "w3")
 SPECS = {"w1": P(None, "d"), "b1": P(), "w2": P("d", None), "b2": P(), "w3": P(), "b3": P()}
-
-
-def load_digits(seed):
-  from sklearn.datasets import load_digits as _load
-  from sklearn.model_selection import train_test_split
-
-  data = _load()
-  x = data.data.astype(np.float32) / 16.0
-  x_tr, x_te, y_tr, y_te = train_test_split(x, data.target, test_size=0.3,
-                                            random_state=seed, stratify=data.target)
-  mean, std = x_tr.mean(0), x_tr.std(0) + 1e-3
-  return ((x_tr - mean) / std, y_tr), ((x_te - mean) / std, y_te)
 
 
 def init_params(key, sizes):
@@ -203,7 +195,7 @@ def soft_step(params, opt, k, l, x, y, lr):
 
 def run(opts):
   mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
-  (x_tr, y_tr), (x_te, y_te) = load_digits(opts.seed)
+  (x_tr, y_tr), (x_te, y_te) = _common.load_digits_standardized(opts.seed)
   x_tr, y_tr, x_te, y_te = map(jnp.asarray, (x_tr, y_tr, x_te, y_te))
   params = shard(init_params(jax.random.PRNGKey(opts.seed), (64, opts.hidden, opts.hidden, 10)),
                  mesh)
@@ -358,17 +350,8 @@ def main(argv=None):
   result = run(opts)
   result.update(options=vars(opts), seconds=time.perf_counter() - start,
                 backend=jax.default_backend(), devices=jax.device_count())
-  os.makedirs(opts.out, exist_ok=True)
-  with open(os.path.join(opts.out, "global_pruning.json"), "w") as f:
-    json.dump(result, f, indent=1)
   text = markdown(result)
-  with open(os.path.join(opts.out, "global_pruning.md"), "w") as f:
-    f.write(text)
-  try:
-    os.makedirs(os.path.dirname(opts.figure) or ".", exist_ok=True)
-    plot(result, opts.figure)
-  except ImportError:
-    print("matplotlib not installed: no figure")
+  _common.write_results(opts.out, "global_pruning", False, result, text, plot, figure=opts.figure)
   print(text)
   print(f"RESULT_JSON {json.dumps({m: {s: v['test_acc'] for s, v in r.items()} for m, r in result['results'].items()})}")
   return result

@@ -65,18 +65,6 @@ VARIANTS = ("soft/sparse", "soft/dense", "hard/sparse", "hard/dense")
 # ----------------------------------------------------------------------------------
 
 
-def load_digits(seed):
-  from sklearn.datasets import load_digits as _load
-  from sklearn.model_selection import train_test_split
-
-  data = _load()
-  x = data.data.astype(np.float32) / 16.0
-  x_tr, x_te, y_tr, y_te = train_test_split(x, data.target, test_size=0.3,
-                                            random_state=seed, stratify=data.target)
-  mean, std = x_tr.mean(0), x_tr.std(0) + 1e-3
-  return ((x_tr - mean) / std, y_tr), ((x_te - mean) / std, y_te)
-
-
 def init_params(key, d, hidden, classes, experts):
   k1, k2, k3 = jax.random.split(key, 3)
   return {
@@ -397,7 +385,7 @@ def parse_args(argv=None):
 def main(argv=None):
   opts = parse_args(argv)
   t_start = time.perf_counter()
-  train_data, test_data = load_digits(opts.seed)
+  train_data, test_data = _common.load_digits_standardized(opts.seed)
   runs, tput = {}, {}
   for v in VARIANTS:
     run = train(v, opts, train_data, test_data)
