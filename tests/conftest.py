@@ -20,9 +20,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
 
 # Host (numba) PAV kernels compile on first use, about 12 s per kernel and dtype, in every
 # pytest-xdist worker. The default run compiles the kernels of the default mask (p = 4/3)
-# and the permutahedron cross-checks; tests that exercise other host kernels through
-# solver="pav" (other p, entropy, the magnitude kernels) run in the slow group.
-_HOST_PAV_KEPT_FAST = ("tests/test_pav_kernels.py::", "tests/test_soft_topk_mask.py::",
+# through solver="pav" and the permutahedron cross-checks; the kernels' own tests
+# (test_pav_kernels.py) and those of other host kernels (other p, entropy, the magnitude
+# kernels) run in the slow group.
+_HOST_PAV_KEPT_FAST = ("tests/test_soft_topk_mask.py::",
                        "tests/test_fuzz.py::test_fast_mask_vs_reference[pav-p4/3]",
                        "tests/test_permutahedron_solvers.py::")
 
