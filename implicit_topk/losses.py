@@ -8,7 +8,7 @@ r"""Losses for top-k learning: top-k cross-entropy, Fenchel-Young, smooth top-k 
 * :func:`smooth_topk_svm_loss`: the smooth top-k SVM loss (Berrada, Zisserman & Kumar,
   ICLR 2018, from Lapin et al.'s top-k SVM), difftopk's ``SmoothTopKLoss`` and
   ``SmoothHardTopKLoss``.
-* :func:`soft_error_loss`: the soft 0/1 error from soft ranks (seed 003's training
+* :func:`soft_error_loss`: the soft 0/1 error from soft ranks (ott-jax's soft sorting tutorial's training
   example, Blondel et al. 2020).
 
 None of them builds an :math:`n \times n` array (the baselines selected by name in
@@ -420,7 +420,7 @@ def smooth_topk_svm_loss(scores, labels, *, k: int, tau=1.0, alpha=1.0, mode: st
 
 
 def soft_error_loss(logits, labels, *, l=1.0, p: float = 2.0, regularizer=None, reduction: str = "mean"):
-  r"""Soft 0/1 error from soft ranks (seed 003's training example; Blondel et al. 2020).
+  r"""Soft 0/1 error from soft ranks (ott-jax's soft sorting tutorial's training example; Blondel et al. 2020).
 
   .. math::
 
@@ -428,7 +428,7 @@ def soft_error_loss(logits, labels, *, l=1.0, p: float = 2.0, regularizer=None, 
 
   with :math:`r(s)` the soft ascending ranks (1-based, the largest score gets ``n``) of
   :func:`~implicit_topk.soft_rank`: 0 exactly when the label is ranked first by a margin,
-  and as ``l -> 0`` the hard number of classes ranked above the label. Seed 003 uses
+  and as ``l -> 0`` the hard number of classes ranked above the label. That tutorial uses
   OTT's 0-based ranks and ``n - 1``; the same loss. :math:`O(n \log n)` per row.
 
   Args:

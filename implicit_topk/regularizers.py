@@ -182,7 +182,7 @@ class Entropy:
 
   Never exactly 0 (dense), exactly 1 for the clearly kept entries; kinks where an
   entry reaches 1. ``k = 1`` gives ``softmax(x / l)`` exactly (no entry can reach 1
-  before the others vanish). Seed 001's "ThreTopK with min(1, e^x)"; on each piece
+  before the others vanish). Su's "Softmax Sequel" (Jianlin Su, kexue.fm): "ThreTopK with min(1, e^x)"; on each piece
   of the partition {1, (0,1)} the threshold has the closed form
   :math:`\lambda = l \log\sum_{i \notin O} e^{x_i/l} - l \log(k - |O|)`.
   """
@@ -208,7 +208,7 @@ class Entropy:
 class BinaryEntropy:
   r""":math:`\omega(y) = y \log y + (1 - y) \log(1 - y)`: :math:`y_i = \sigma((x_i - \lambda)/l)`.
 
-  The Fermi-Dirac / sigmoid mask (seed 001 "ThreTopK with sigmoid"): smooth
+  The Fermi-Dirac / sigmoid mask (Su's "Softmax Sequel" (Jianlin Su, kexue.fm): "ThreTopK with sigmoid"): smooth
   (:math:`C^\infty`) and dense, never exactly 0 or 1.
   """
 
@@ -230,7 +230,7 @@ class Laplace:
   r"""The Laplace CDF: :math:`y_i = F((x_i - \lambda)/l)`, :math:`F(z) = e^z/2` for
   :math:`z < 0` and :math:`1 - e^{-z}/2` for :math:`z \ge 0`.
 
-  Seed 001's "both worlds" (also known as LapSum): :math:`C^1`, dense, and on each
+  Su's "Softmax Sequel" (Jianlin Su, kexue.fm): "both worlds" (also known as LapSum): :math:`C^1`, dense, and on each
   piece of the partition {z < 0, z >= 0} the threshold solves a quadratic in
   :math:`e^{\lambda/l}` (closed form). :math:`\omega` is the integral of
   :math:`F^{-1}`: :math:`t \log 2t - t` below 1/2, :math:`(1-t)\log 2(1-t) - (1-t)`

@@ -1,4 +1,4 @@
-r"""Smooth (dense) top-k operators of seed 001: GradTopK and the iterative softmax.
+r"""Smooth (dense) top-k operators of Su's "Softmax Sequel: Finding Smooth Approximations for Top-K" (Jianlin Su, kexue.fm): GradTopK and the iterative softmax.
 
 Both map :math:`x \in \mathbb{R}^n` to a soft top-k mask with entries summing to
 ``k``; neither is sparse (in exact arithmetic every entry is > 0 for finite inputs;
@@ -135,7 +135,7 @@ def _grad_topk_last_axis(u, k: int):
 
 
 def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
-  r"""GradTopK (seed 001): the gradient of the log-sum-exp over all k-subsets.
+  r"""GradTopK (Su's "Softmax Sequel" (Jianlin Su, kexue.fm)): the gradient of the log-sum-exp over all k-subsets.
 
   .. math::
 
@@ -159,7 +159,7 @@ def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
   Computation: :math:`\log e_k(e^u)` by the dynamic program
   :math:`e_j(u_{1..i}) = e_j(u_{1..i-1}) + e^{u_i} e_{j-1}(u_{1..i-1})` in log space
   (``logaddexp`` of positive terms only), then ``y`` by reverse-mode autodiff of
-  that scan. Seed 001's recursion
+  that scan. The post's recursion
   :math:`Z_{k,i} = e^{x_i}(Z_{k-1} - Z_{k-1,i})` subtracts nearly equal numbers and
   returns NaN for large spreads or large k (e.g. ``100 * randn(10)``, ``k = 5``);
   this one stays finite and accurate (on that input: absolute error ~5e-16 in
@@ -199,7 +199,7 @@ def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
 
 
 # ---------------------------------------------------------------------------------------
-# Iterative softmax (seed 001's first construction, and the weighted-softmax variant)
+# Iterative softmax (Su's "Softmax Sequel" (Jianlin Su, kexue.fm), its first construction, and the weighted-softmax variant)
 # ---------------------------------------------------------------------------------------
 
 
@@ -247,7 +247,7 @@ _VARIANTS = {"logits": jax.jit(_iterative_logits, static_argnums=1),
 
 
 def iterative_softmax_topk(x, k: int, l=1.0, *, variant: str = "logits", axis: int = -1):
-  r"""Seed 001's iterative soft top-k: ``k`` rounds of softmax (a heuristic baseline).
+  r"""Su's "Softmax Sequel" (Jianlin Su, kexue.fm): the iterative soft top-k: ``k`` rounds of softmax (a heuristic baseline).
 
   ``variant="logits"`` (the seed author's construction), with
   :math:`u = (x - \min_i x_i) / l` and :math:`p^{(0)} = 0`:

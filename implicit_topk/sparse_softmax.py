@@ -1,4 +1,4 @@
-r"""The k-sparse softmax of seed 002, done as the exact projection it describes.
+r"""The k-sparse softmax of the Zeta library (`zeta.ops.sparse_softmax`), done as the exact projection it describes.
 
 .. math::
 
@@ -82,7 +82,7 @@ def sparse_softmax(z, k: int, axis: int = -1):
   the Jacobian is :math:`\mathrm{diag}(s) - s s^\top / |s|`, ``s`` the indicator of
   the support (obtained by autodiff of the closed form; forward and reverse mode).
 
-  Seed 002 documents a different formula: sort ``z``, set
+  The Zeta library documents a different formula: sort ``z``, set
   :math:`\tau = (\sum_{i \le k} z_{[i]} - 1)/k` and return :math:`\max(0, z - \tau)`
   on all entries. That is not this projection: every entry above :math:`\tau`
   survives, so it can return more than ``k`` non-zeros, and its sum is

@@ -979,3 +979,18 @@ def topk_cross_entropy_row(scores, c, p_k, l, p, top1_mode="sm", eps=1e-7, m=Non
   if top1_mode == "smce":
     return -p_k[0] * math.log(sm) + sum(p_k[1:]) * nll(rest)
   return nll(math.fsum([p_k[kk - 1] * q[kk] for kk in q]))
+
+
+def bisect_mask(x, k, l, p=4.0 / 3.0):
+  """The p-norm soft top-k mask of one row (a flat vector) by 200 float64 bisection steps on lam."""
+  x = np.asarray(x, np.float64)
+  if k == 0:
+    return np.zeros_like(x)
+  if k == x.size:
+    return np.ones_like(x)
+  mask = lambda lam: np.minimum(1.0, (np.maximum(x - lam, 0) / l) ** (1.0 / (p - 1.0)))
+  lo, hi = x.min() - 2 * l, x.max()
+  for _ in range(200):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if mask(mid).sum() > k else (lo, mid)
+  return mask(0.5 * (lo + hi))

@@ -10,21 +10,7 @@ import numpy as np
 import pytest
 
 import implicit_topk as itk
-
-
-def bisect_mask(x, k, l, p):
-  """The p-norm soft top-k mask of one row by 200 float64 bisection steps on lam."""
-  x = np.asarray(x, np.float64)
-  if k == 0:
-    return np.zeros_like(x)
-  if k == x.size:
-    return np.ones_like(x)
-  mask = lambda lam: np.minimum(1.0, (np.maximum(x - lam, 0) / l) ** (1.0 / (p - 1.0)))
-  lo, hi = x.min() - 2 * l, x.max()
-  for _ in range(200):
-    mid = 0.5 * (lo + hi)
-    lo, hi = (mid, hi) if mask(mid).sum() > k else (lo, mid)
-  return mask(0.5 * (lo + hi))
+from references import bisect_mask
 
 
 def bisect_mag(x, k, l, p):

@@ -9,23 +9,13 @@ import numpy as np
 import pytest
 
 import implicit_topk as itk
+from references import bisect_mask
 
 
 def _tree(dtype=jnp.float64):
   rng = np.random.default_rng(0)
   return {"dense": {"w": jnp.asarray(rng.normal(size=(6, 5)), dtype)},
           "head": [jnp.asarray(rng.normal(size=(3, 2, 2)) * 2.0, dtype)]}
-
-
-def bisect_mask(x, k, l, p=4.0 / 3.0):
-  """The p-norm soft top-k mask of a vector by 200 float64 bisection steps (NumPy)."""
-  x = np.asarray(x, np.float64)
-  mask = lambda lam: np.minimum(1.0, (np.maximum(x - lam, 0) / l) ** (1.0 / (p - 1.0)))
-  lo, hi = x.min() - 2 * l, x.max()
-  for _ in range(200):
-    mid = 0.5 * (lo + hi)
-    lo, hi = (mid, hi) if mask(mid).sum() > k else (lo, mid)
-  return mask(0.5 * (lo + hi))
 
 
 def _flat(tree):
