@@ -1405,3 +1405,14 @@ def test_found_mag_threshold_tiny_lambda():
   out, lam = R.mag_row(x, 1.5, 1.0, 4.0 / 3.0)
   assert 1e-300 < lam < 1e-84 and out[2] == 0.0
   _check_mag(x, 1.5, 1.0, 4.0 / 3.0, "threshold")
+
+
+@pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
+@pytest.mark.parametrize("p", [1.1, 2.0, 3.0])
+def test_found_hard_limit_at_gap_is_exact(solver, p):
+  """(found by test_mask_hard_limit in CI) l equal to the gap x_(k) - x_(k+1) is still
+  the hard mask (proofs/limits.md), exactly: XLA divides by l as a product with 1/l,
+  which left 1 - 1e-16 for x = (2.671875, 0, 0, 0, 1), l = 1.671875."""
+  x = np.array([[2.671875, 0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
+  l = np.array([1.671875, 1.0])
+  assert_close(mask(x, 1, l, p=p, solver=solver), R.hard_topk_mask(x, 1), 0.0, "hard limit at the gap")

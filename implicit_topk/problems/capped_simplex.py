@@ -72,7 +72,18 @@ class CappedSimplex:
   def _mask_entries(self, x, lam, l):
     limit = jnp.isinf(x) | jnp.isinf(lam)
     z_limit = jnp.where(jnp.isinf(x), x, -lam)
-    z = (jnp.where(limit, 0, x) - jnp.where(limit, 0, lam)) / l
+    d = jnp.where(limit, 0, x) - jnp.where(limit, 0, lam)
+    z = d / l
+    # XLA may divide by `l` as a product with 1/l, which can leave z an ulp inside the
+    # saturation interval although d = l z1 exactly (x = (2.671875, 1), l = 1.671875:
+    # z = 0.9999999999999999, a mask of 1 - 1e-16 in the hard limit). Saturate from the
+    # comparison in unscaled units, the one `snap` certifies. (An end at 0 needs no
+    # test: the sign of d / l is exact.)
+    z0, z1 = self.regularizer.saturation
+    if np.isfinite(z1) and z1 != 0:
+      z = jnp.where(d >= l * z1, jnp.maximum(z, z1), z)
+    if np.isfinite(z0) and z0 != 0:
+      z = jnp.where(d <= l * z0, jnp.minimum(z, z0), z)
     z = jnp.where(limit, z_limit, z)
     nan = jnp.isnan(x) | jnp.isnan(lam)
     return jnp.where(nan, jnp.nan, self.regularizer.mask(jnp.where(nan, 0, z)))
