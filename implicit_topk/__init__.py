@@ -22,7 +22,7 @@ from implicit_topk.smooth_topk import grad_topk, iterative_softmax_topk
 from implicit_topk.solvers import DykstraSolver, OptStep, PAVSolver, RootState, ThresholdSolver
 from implicit_topk.sparse_softmax import sparse_softmax
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one source of the version (pyproject.toml reads it)
 
 __all__ = [
     "soft_topk_mask", "soft_topk_mag", "hard_topk_mask", "hard_topk_mag",

@@ -98,6 +98,8 @@ def load_bench_module(root: pathlib.Path):
   if not path.is_file():
     raise FileNotFoundError(f"missing {path}")
   spec = importlib.util.spec_from_file_location("implicit_topk_bench_topk", path)
+  if spec is None or spec.loader is None:
+    raise ImportError(f"cannot load {path}")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
