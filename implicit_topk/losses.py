@@ -11,6 +11,12 @@ r"""Losses for top-k learning: top-k cross-entropy, Fenchel-Young, smooth top-k 
 * :func:`soft_error_loss`: the soft 0/1 error from soft ranks (ott-jax's soft sorting tutorial's training
   example, Blondel et al. 2020).
 
+Conventions (0.2.0): as optax's classification losses, every loss returns one value per
+example by default (``reduction="none"``: the batch shape, no reduction; ``"mean"`` and
+``"sum"`` remain available); the regularization strength of the operators underneath is
+``regularization_strength`` (default 1.0; formerly ``l``, which still works with a
+DeprecationWarning until 0.3.0); ``k`` is positional.
+
 None of them builds an :math:`n \times n` array (the baselines selected by name in
 :func:`topk_cross_entropy` may: NeuralSort, SoftSort and the full sorting networks are
 quadratic by construction).
@@ -19,12 +25,14 @@ quadratic by construction).
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
+from implicit_topk import _deprecation
 from implicit_topk import _validation
 from implicit_topk import baselines
 from implicit_topk import ops
@@ -32,11 +40,14 @@ from implicit_topk import permutahedron
 from implicit_topk import regularizers
 
 TOP1_MODES = ("sm", "smce", "sort")
-REDUCTIONS = ("mean", "sum", "none")
+REDUCTIONS = ("none", "mean", "sum")
+
+#: What ``regularizer=`` accepts: None (the p-norm), a name or a regularizer object.
+RegularizerLike = Union[str, regularizers.Regularizer, None]
 METHODS = ("sparse", "neuralsort", "softsort", "odd_even", "bitonic", "perturbed", "ot")
 
 
-def _reduce(values, reduction):
+def _reduce(values: jax.Array, reduction: str) -> jax.Array:
   if reduction == "mean":
     return jnp.mean(values)
   if reduction == "sum":
@@ -44,7 +55,7 @@ def _reduce(values, reduction):
   return values
 
 
-def _check_labels(labels, logits):
+def _check_labels(labels: ArrayLike, logits: jax.Array) -> jax.Array:
   labels = jnp.asarray(labels)
   if not jnp.issubdtype(labels.dtype, jnp.integer):
     raise TypeError(f"`labels` must be an integer array of class indices; got {labels.dtype}.")
@@ -75,7 +86,7 @@ def _safe_log(v):
   return jnp.where(positive, jnp.log(jnp.where(positive, v, 1.0)), -jnp.inf)
 
 
-def _select_m(logits, labels, m):
+def _select_m(logits: jax.Array, labels: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
   """difftopk's hard preselection: the true class first, then the m-1 largest others."""
   n = logits.shape[-1]
   true = jnp.take_along_axis(logits, labels[..., None], axis=-1)
@@ -95,8 +106,8 @@ def _memberships(method, scores, ks, *, l, p, regularizer, solver, inverse_tempe
     batch = scores.shape[:-1]
     k_arr = jnp.asarray(ks, scores.dtype).reshape((len(ks),) + (1,) * len(batch))
     stacked = jnp.broadcast_to(scores, (len(ks),) + scores.shape)
-    y = ops.soft_topk_mask(stacked, jnp.broadcast_to(k_arr, (len(ks),) + batch), l=l, p=p,
-                           regularizer=regularizer, solver=solver)
+    y = ops.soft_topk_mask(stacked, jnp.broadcast_to(k_arr, (len(ks),) + batch),
+                           regularization_strength=l, p=p, regularizer=regularizer, solver=solver)
     return jnp.moveaxis(y, 0, -2)
   tau = 1.0 / inverse_temperature
   if method == "neuralsort":
@@ -117,26 +128,31 @@ def _memberships(method, scores, ks, *, l, p, regularizer, solver, inverse_tempe
 
 
 def topk_cross_entropy(
-    logits,
-    labels,
+    logits: ArrayLike,
+    labels: ArrayLike,
     *,
     p_k: Sequence[float],
     m: int | None = None,
-    method: str | Callable = "sparse",
+    method: str | Callable[..., Any] = "sparse",
     top1_mode: str = "sm",
-    l=1.0,
+    regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
     p: float = 4.0 / 3.0,
-    regularizer=None,
+    regularizer: RegularizerLike = None,
     solver: str = "auto",
-    inverse_temperature=1.0,
+    inverse_temperature: ArrayLike = 1.0,
     distribution: str = "cauchy",
-    art_lambda=0.25,
+    art_lambda: float = 0.25,
     num_samples: int = 100,
-    key=None,
+    key: jax.Array | None = None,
     eps: float = 1e-7,
-    reduction: str = "mean",
-):
-  r"""Top-k cross-entropy (difftopk's ``TopKCrossEntropyLoss``) on a soft top-k operator.
+    reduction: str = "none",
+    l: ArrayLike | None = None,
+) -> jax.Array:
+  r"""Top-k cross-entropy (Petersen et al. 2022) on a soft top-k operator, one loss per example.
+
+  The loss of difftopk's ``TopKCrossEntropyLoss`` (Petersen, Borgelt, Kuehne and Deussen
+  2022, "Differentiable top-k classification learning", ICML), by default on our sparse
+  soft top-k mask :func:`~implicit_topk.soft_topk_mask`.
 
   With :math:`P_K` a distribution over :math:`k = 1..K` (``p_k[k-1]``) and
   :math:`q_k(j) \in [0, 1]` the soft membership of class ``j`` in the top ``k`` (the soft
@@ -169,11 +185,12 @@ def topk_cross_entropy(
   setting where ``eps=0`` is accepted (otherwise the loss could be :math:`+\infty`).
 
   Where we differ from difftopk: the default operator is our sparse mask
-  (``l``, ``p``/``regularizer``, ``solver``); the membership for a sorting network is
+  (``regularization_strength``, ``p``/``regularizer``, ``solver``); the membership for a sorting network is
   read from :func:`~implicit_topk.baselines.sorting_network` with ``k = K`` (difftopk's
   ``bitonic`` uses its sparse evaluation, ``odd_even`` the dense one; same values);
   difftopk's ``splitter_selection`` network is not provided; ``perturbed`` and ``ot`` are
-  extra; ``reduction`` is ours (difftopk: the mean).
+  extra; the default ``reduction="none"`` returns one loss per example, as optax's
+  classification losses (difftopk returns the mean: ``reduction="mean"``).
 
   Args:
     logits: float array ``(..., n)`` (classes on the last axis).
@@ -183,19 +200,40 @@ def topk_cross_entropy(
     method: ``"sparse"`` (default: :func:`~implicit_topk.soft_topk_mask`), ``"neuralsort"``,
       ``"softsort"``, ``"odd_even"``, ``"bitonic"``, ``"perturbed"``, ``"ot"``, or a
       callable ``(scores (..., n'), ks) -> memberships (..., len(ks), n')``.
-    top1_mode: ``"sm"``, ``"smce"`` or ``"sort"`` (see above).
-    l, p, regularizer, solver: the sparse mask's options (``method="sparse"``).
+    top1_mode: ``"sm"`` (default), ``"smce"`` or ``"sort"`` (see above).
+    regularization_strength: the sparse mask's :math:`l > 0` (default 1.0; ``method="sparse"``).
+    p, regularizer, solver: the sparse mask's other options (default ``p = 4/3``, see
+      :func:`~implicit_topk.soft_topk_mask`).
     inverse_temperature: the baselines' :math:`\beta` (difftopk's name): NeuralSort and
       SoftSort ``tau = 1/beta``, sorting networks ``steepness = beta``, perturbed
       ``sigma = 1/beta``, OT ``epsilon = 1/beta``.
     distribution, art_lambda: the sorting networks' relaxation.
     num_samples, key: the perturbed method's Monte Carlo draws and random key.
     eps: the probability floor, 0 <= eps < 0.5 (see above).
-    reduction: ``"mean"`` (default, as difftopk), ``"sum"`` or ``"none"``.
+    reduction: ``"none"`` (default: one loss per example), ``"mean"`` (difftopk's) or
+      ``"sum"``.
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
 
   Returns:
-    The loss (a scalar, or shape ``(...)`` with ``reduction="none"``).
+    A ``jax.Array`` of ``logits``' floating dtype: the batch shape ``logits.shape[:-1]``
+    (``reduction="none"``) or a scalar (``"mean"``, ``"sum"``).
+
+  Raises:
+    ValueError: ``p_k`` not a distribution, ``K >= n``, a bad ``m``, ``eps`` or
+      ``method``, labels out of range, or ``method="perturbed"`` without ``key``.
+    TypeError: non-integer ``labels``, or both ``regularization_strength`` and ``l``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> logits = jnp.array([[3.0, 1.0, 0.0, -1.0], [0.0, 2.0, 1.0, 0.5]])
+    >>> labels = jnp.array([1, 3])
+    >>> jnp.round(itk.topk_cross_entropy(logits, labels, p_k=[0.5, 0.5]), 3)
+    Array([0.587, 2.163], dtype=float32)
+    >>> jnp.round(itk.topk_cross_entropy(logits, labels, p_k=[0.5, 0.5], reduction="mean"), 2)
+    Array(1.37, dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "topk_cross_entropy")
   logits = _validation.as_float_input(logits, "logits")
   labels = _check_labels(labels, logits)
   p_k = _check_p_k(p_k)
@@ -256,14 +294,16 @@ def _fy_conjugate(regularizer, solver):
 
   @jax.custom_jvp
   def conjugate(theta, k, l):
-    y = ops.soft_topk_mask(theta, k, l=l, regularizer=regularizer, solver=solver)
+    y = ops.soft_topk_mask(theta, k, regularization_strength=l, regularizer=regularizer,
+                           solver=solver)
     return jnp.sum(theta * y, axis=-1) - l * jnp.sum(regularizer.omega(y), axis=-1)
 
   @conjugate.defjvp
   def conjugate_jvp(primals, tangents):
     theta, k, l = primals
     d_theta, _, d_l = tangents
-    y = ops.soft_topk_mask(theta, k, l=l, regularizer=regularizer, solver=solver)
+    y = ops.soft_topk_mask(theta, k, regularization_strength=l, regularizer=regularizer,
+                           solver=solver)
     omega = jnp.sum(regularizer.omega(y), axis=-1)
     value = jnp.sum(theta * y, axis=-1) - l * omega
     return value, jnp.sum(y * d_theta, axis=-1) - omega * d_l
@@ -271,9 +311,16 @@ def _fy_conjugate(regularizer, solver):
   return conjugate
 
 
-def topk_fenchel_young_loss(scores, target_mask, *, k, l=1.0, p: float = 4.0 / 3.0, regularizer=None,
-                            solver: str = "auto", axis: int = -1, reduction: str = "mean"):
-  r"""Fenchel-Young loss of the regularized top-k linear program.
+def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayLike, *,
+                            regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+                            p: float = 4.0 / 3.0, regularizer: RegularizerLike = None,
+                            solver: str = "auto", axis: int = -1, reduction: str = "none",
+                            l: ArrayLike | None = None) -> jax.Array:
+  r"""Fenchel-Young loss of the regularized top-k linear program, one loss per example.
+
+  The Fenchel-Young loss (Blondel, Martins and Niculae 2020, "Learning with Fenchel-Young
+  losses", JMLR) generated by the regularizer of :func:`~implicit_topk.soft_topk_mask`
+  (:math:`l` = ``regularization_strength``):
 
   .. math::
 
@@ -294,25 +341,47 @@ def topk_fenchel_young_loss(scores, target_mask, *, k, l=1.0, p: float = 4.0 / 3
   the mask's Jacobian) are the implicit ones. Not differentiated w.r.t. ``k``.
 
   Args:
-    scores: float array.
+    scores: float array of any shape; ``axis`` holds the ``n`` candidates.
     target_mask: array broadcastable to ``scores``, each row in :math:`C_k` (e.g. a hard
       top-k mask, or a soft one); rows outside :math:`C_k` make the loss meaningless
       (checked when concrete).
-    k: 0 <= k <= n, scalar or broadcastable to the batch shape.
-    l, p, regularizer, solver: as in :func:`~implicit_topk.soft_topk_mask`.
-    axis: the selection axis.
-    reduction: ``"mean"`` (over the batch), ``"sum"`` or ``"none"``.
+    k: real, ``0 <= k <= n``, scalar or broadcastable to the batch shape (positional or
+      keyword).
+    regularization_strength: :math:`l > 0` (default 1.0), scalar or broadcastable to the
+      batch shape; differentiable.
+    p, regularizer, solver: as in :func:`~implicit_topk.soft_topk_mask` (default ``p = 4/3``).
+    axis: the selection axis (default -1).
+    reduction: ``"none"`` (default: one loss per example), ``"mean"`` (over the batch)
+      or ``"sum"``.
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
 
   Returns:
-    The loss: a scalar, or the batch shape with ``reduction="none"``.
+    A ``jax.Array`` of ``scores``' floating dtype: the batch shape (``scores``' shape
+    without ``axis``) with ``reduction="none"``, else a scalar.
+
+  Raises:
+    ValueError: ``k`` outside ``[0, n]``, ``regularization_strength <= 0``, or a
+      concrete ``target_mask`` with a row outside :math:`C_k`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> scores = jnp.array([[2.0, 1.0, 0.0], [0.0, 1.0, 3.0]])
+    >>> target = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    >>> itk.topk_fenchel_young_loss(scores, target, 2)
+    Array([0., 3.], dtype=float32)
+    >>> jax.grad(lambda s: itk.topk_fenchel_young_loss(s, target, 2).sum())(scores)
+    Array([[ 0.,  0.,  0.],
+           [-1.,  0.,  1.]], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "topk_fenchel_young_loss")
   scores = _validation.as_float_input(scores, "scores")
   axis = _validation.canonicalize_axis(axis, scores.ndim)
   n = scores.shape[axis]
   _validation.check_k(k, n)
-  _validation.check_positive(l, "l")
+  _validation.check_positive(l, "regularization_strength")
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
-  regularizer = regularizers.resolve(regularizer, p)
+  reg = regularizers.resolve(regularizer, p)
   dtype = _validation.compute_dtype(scores.dtype)
   theta = jnp.moveaxis(scores, axis, -1).astype(dtype)
   target = jnp.moveaxis(jnp.broadcast_to(jnp.asarray(target_mask, dtype), scores.shape), axis, -1)
@@ -326,9 +395,9 @@ def topk_fenchel_young_loss(scores, target_mask, *, k, l=1.0, p: float = 4.0 / 3
   k = jnp.asarray(k, dtype)
   l = jnp.asarray(l, dtype)
   batch = theta.shape[:-1]
-  conj = _fy_conjugate(regularizer, solver)(theta, jnp.broadcast_to(jax.lax.stop_gradient(k), batch),
+  conj = _fy_conjugate(reg, solver)(theta, jnp.broadcast_to(jax.lax.stop_gradient(k), batch),
                                             jnp.broadcast_to(l, batch))
-  loss = conj + l * jnp.sum(regularizer.omega(target), axis=-1) - jnp.sum(theta * target, axis=-1)
+  loss = conj + l * jnp.sum(reg.omega(target), axis=-1) - jnp.sum(theta * target, axis=-1)
   return _reduce(loss.astype(scores.dtype), reduction)
 
 
@@ -353,9 +422,15 @@ def _log_esp(x, k):
   return e[..., k - 1], e[..., k]
 
 
-def smooth_topk_svm_loss(scores, labels, *, k: int, tau=1.0, alpha=1.0, mode: str = "smooth",
-                         thresh: float = 1e3, reduction: str = "mean"):
-  r"""Smooth top-k SVM loss (Berrada et al. 2018; difftopk's ``SmoothTopKLoss``/``SmoothHardTopKLoss``).
+def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: ArrayLike = 1.0,
+                         alpha: ArrayLike = 1.0, mode: str = "smooth", thresh: float = 1e3,
+                         reduction: str = "none") -> jax.Array:
+  r"""Smooth top-k SVM loss (Berrada et al. 2018), one loss per example.
+
+  Berrada, Zisserman and Kumar 2018, "Smooth loss functions for deep top-k
+  classification" (ICLR): a smoothing of the top-k multiclass SVM loss of Lapin, Hein
+  and Schiele 2016 ("Loss functions for top-k error: analysis and insights", CVPR), as
+  difftopk's ``SmoothTopKLoss`` / ``SmoothHardTopKLoss``.
 
   With :math:`\mathcal{Y}_k` the k-subsets of classes, :math:`\mathcal{Y}_k^c` those
   containing the label ``c``, and :math:`\bar s_S = \frac1k\sum_{j\in S} s_j`:
@@ -378,14 +453,30 @@ def smooth_topk_svm_loss(scores, labels, *, k: int, tau=1.0, alpha=1.0, mode: st
   (there the smooth one is that close to it; the choice is not differentiated).
 
   Args:
-    scores: float array ``(..., n)``.
-    labels: int array ``(...)``.
-    k: an int, 1 <= k < n.
-    tau: temperature > 0.
-    alpha: the margin.
-    mode: ``"smooth"`` or ``"smooth_hard"``.
-    thresh: the switch of ``"smooth_hard"`` (difftopk: 1e3).
-    reduction: ``"mean"`` (difftopk's), ``"sum"`` or ``"none"``.
+    scores: float array ``(..., n)`` (classes on the last axis).
+    labels: int array ``(...)`` of class indices in ``[0, n)``.
+    k: a Python int, ``1 <= k < n`` (positional or keyword).
+    tau: temperature > 0 (default 1.0).
+    alpha: the margin (default 1.0).
+    mode: ``"smooth"`` (default) or ``"smooth_hard"``.
+    thresh: the switch of ``"smooth_hard"`` (default 1e3, difftopk's).
+    reduction: ``"none"`` (default: one loss per example), ``"mean"`` (difftopk's) or
+      ``"sum"``.
+
+  Returns:
+    A ``jax.Array`` of ``scores``' floating dtype: shape ``scores.shape[:-1]`` with
+    ``reduction="none"``, else a scalar.
+
+  Raises:
+    TypeError: a non-integer ``k`` or ``labels``.
+    ValueError: ``k`` outside ``[1, n)``, ``tau <= 0`` or labels out of range.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> scores = jnp.array([[3.0, 1.0, 0.0, -1.0], [0.0, 2.0, 1.0, 0.5]])
+    >>> jnp.round(itk.smooth_topk_svm_loss(scores, jnp.array([1, 2]), 2, tau=0.1), 4)
+    Array([0.5013, 0.7579], dtype=float32)
   """
   scores = _validation.as_float_input(scores, "scores")
   labels = _check_labels(labels, scores)
@@ -419,8 +510,15 @@ def smooth_topk_svm_loss(scores, labels, *, k: int, tau=1.0, alpha=1.0, mode: st
   return _reduce(jnp.where(use_hard, hard_loss, smooth).astype(scores.dtype), reduction)
 
 
-def soft_error_loss(logits, labels, *, l=1.0, p: float = 2.0, regularizer=None, reduction: str = "mean"):
-  r"""Soft 0/1 error from soft ranks (ott-jax's soft sorting tutorial's training example; Blondel et al. 2020).
+def soft_error_loss(logits: ArrayLike, labels: ArrayLike, *,
+                    regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+                    p: float = 2.0, regularizer: RegularizerLike = None, reduction: str = "none",
+                    l: ArrayLike | None = None) -> jax.Array:
+  r"""Soft 0/1 error from soft ranks, one loss per example.
+
+  The training loss of ott-jax's soft sorting tutorial (there with the optimal-transport
+  ranks of Cuturi et al. 2019), here with the exact soft ranks of Blondel et al. 2020
+  ("Fast differentiable sorting and ranking", ICML):
 
   .. math::
 
@@ -428,19 +526,38 @@ def soft_error_loss(logits, labels, *, l=1.0, p: float = 2.0, regularizer=None, 
 
   with :math:`r(s)` the soft ascending ranks (1-based, the largest score gets ``n``) of
   :func:`~implicit_topk.soft_rank`: 0 exactly when the label is ranked first by a margin,
-  and as ``l -> 0`` the hard number of classes ranked above the label. That tutorial uses
-  OTT's 0-based ranks and ``n - 1``; the same loss. :math:`O(n \log n)` per row.
+  and as :math:`l` = ``regularization_strength`` :math:`\to 0` the hard number of classes
+  ranked above the label. That tutorial uses OTT's 0-based ranks and ``n - 1``; the same
+  loss. :math:`O(n \log n)` per row.
 
   Args:
-    logits: float array ``(..., n)``.
-    labels: int array ``(...)``.
-    l, p, regularizer: as in :func:`~implicit_topk.soft_rank`.
-    reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+    logits: float array ``(..., n)`` (classes on the last axis).
+    labels: int array ``(...)`` of class indices in ``[0, n)``.
+    regularization_strength: :math:`l > 0` of :func:`~implicit_topk.soft_rank` (default 1.0).
+    p, regularizer: as in :func:`~implicit_topk.soft_rank` (default ``p = 2``).
+    reduction: ``"none"`` (default: one loss per example), ``"mean"`` or ``"sum"``.
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
+
+  Returns:
+    A ``jax.Array`` of ``logits``' floating dtype: shape ``logits.shape[:-1]`` with
+    ``reduction="none"``, else a scalar; values in ``[0, n - 1]``.
+
+  Raises:
+    TypeError: non-integer ``labels``, or both ``regularization_strength`` and ``l``.
+    ValueError: labels out of range or ``regularization_strength <= 0``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> logits = jnp.array([[3.0, 1.0, 0.0], [0.0, 2.0, 1.0]])
+    >>> itk.soft_error_loss(logits, jnp.array([0, 2]), regularization_strength=0.1)
+    Array([0., 1.], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "soft_error_loss")
   logits = _validation.as_float_input(logits, "logits")
   labels = _check_labels(labels, logits)
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
-  ranks = permutahedron.soft_rank(logits, l=l, p=p, regularizer=regularizer)
+  ranks = permutahedron.soft_rank(logits, regularization_strength=l, p=p, regularizer=regularizer)
   true_rank = jnp.take_along_axis(ranks, labels[..., None], axis=-1)[..., 0]
   return _reduce(jax.nn.relu(logits.shape[-1] - true_rank), reduction)
 

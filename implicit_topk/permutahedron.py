@@ -8,7 +8,9 @@ holds every permutation of ``w``. For a separable regularizer
 
     y^\star(x; w) = \arg\max_{y \in P(w)}\ \langle x, y\rangle - l\,\Omega(y)
 
-is computed through its isotonic dual (Blondel et al., 2020; ``proofs/isotonic_dual.md``):
+with :math:`l` = ``regularization_strength`` (default 1.0), is computed through its
+isotonic dual (Blondel, Teboul, Berthet and Djolonga 2020, "Fast differentiable sorting
+and ranking", ICML; ``proofs/isotonic_dual.md``):
 with :math:`s = x` sorted descending (permutation :math:`\sigma`) and :math:`w` sorted
 descending,
 
@@ -41,6 +43,17 @@ Jacobian is diagonal and the linear solve is one division per block; :math:`F` i
 evaluated with segment sums, so nothing is n x n, forward or backward. Gradients flow
 to ``x`` (through the sort), to ``w`` and to ``l``.
 
+``regularization_strength`` is the ``regularization_strength`` of fast-soft-sort (the
+authors' code) and torchsort (its PyTorch port), identical for ``p = 2`` (their
+``"l2"``; ``regularizer="entropy"`` is their ``"kl"``). SoftJAX's ``softness`` (with
+``method="fast_soft_sort"``, ``mode="c0"``, ``standardize=False``) maps as
+``regularization_strength = softness / (n - 1)`` for ranks and
+``regularization_strength = (n - 1) * softness`` for sorting. ott-jax's ``epsilon``
+(entropic optimal transport, Cuturi, Teboul and Vert 2019, "Differentiable ranks and
+sorting using optimal transport", NeurIPS) regularizes another problem: no exact map,
+but both reach the hard sort as they go to 0. Before 0.2.0 the argument was ``l``;
+``l=`` still works until 0.3.0 with a DeprecationWarning.
+
 The capped simplex is :math:`P((1, \dots, 1, 0, \dots, 0))`; soft ranks use
 :math:`w = (n, \dots, 1)`, soft sorting swaps the roles: :math:`x = (n, \dots, 1)` and
 :math:`w` = the values.
@@ -49,18 +62,24 @@ The capped simplex is :math:`P((1, \dots, 1, 0, \dots, 0))`; soft ranks use
 from __future__ import annotations
 
 import functools
+from typing import Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from implicit_topk import _apply
+from implicit_topk import _deprecation
 from implicit_topk import _implicit
 from implicit_topk import _validation
 from implicit_topk import regularizers
 from implicit_topk.solvers import host
 from implicit_topk.solvers import isotonic
 from implicit_topk.solvers import pav
+
+#: What ``regularizer=`` accepts: None (the p-norm), a name or a regularizer object.
+RegularizerLike = Union[str, regularizers.Regularizer, None]
 
 # "auto" is the pure-JAX solver on every backend: the default call must export and shard.
 SOLVERS = ("auto", "pav_jax", "pav")
@@ -208,7 +227,7 @@ def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
   has one shape): the shape and dtype of the given array."""
   data = x if x is not None else w
   axis = _validation.canonicalize_axis(axis, data.ndim)
-  _validation.check_positive(l, "l")
+  _validation.check_positive(l, "regularization_strength")
   _validation.check_choice(solver, "solver", SOLVERS)
   solver = "pav_jax" if solver == "auto" else solver
   regularizer = regularizers.resolve(regularizer, p)
@@ -229,34 +248,61 @@ def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
   return _apply.apply_on_axis(on_rows, data, axis)
 
 
-def permutahedron_argmax(x, w, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
-                         solver: str = "auto"):
-  r"""The regularized LP over the permutahedron of ``w``, along ``axis``.
+def permutahedron_argmax(x: ArrayLike, w: ArrayLike, *,
+                         regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+                         p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
+                         solver: str = "auto", l: ArrayLike | None = None) -> jax.Array:
+  r"""Regularized linear program over the permutahedron of ``w``, along ``axis``.
 
   .. math::
 
-      y^\star = \arg\max_{y \in P(w)} \langle x, y\rangle - l \sum_i \omega(y_i)
+      y^\star(x; w) = \arg\max_{y \in P(w)}\ \langle x, y\rangle - l \sum_i \omega(y_i),
+      \qquad P(w) = \mathrm{conv}\{w_\sigma : \sigma \text{ a permutation}\},
+
+  with :math:`l` = ``regularization_strength`` and :math:`\omega(y) = |y|^p / p` (or the
+  entropy :math:`y \log y - y`). :func:`soft_rank` is ``w = (n, ..., 1)``,
+  :func:`soft_sort` swaps the roles of ``x`` and ``w``, and the capped simplex of
+  :func:`~implicit_topk.soft_topk_mask` is ``w = (1, ..., 1, 0, ..., 0)``.
 
   Args:
-    x: float array.
+    x: float array of any shape (integer input is an error); the LP is solved along
+      ``axis``, every other axis is a batch axis.
     w: the permutahedron's generator, broadcastable to ``x`` (any order).
-    l: regularization strength > 0 (scalar or per row).
-    p: p-norm exponent > 1 (``regularizer`` overrides it).
-    regularizer: ``"entropy"`` or an :class:`~implicit_topk.regularizers.Entropy` (then
-      :math:`y = e^{(s - v)/l} > 0`, so ``w`` must be positive: soft ranks; soft sorting
-      of positive values), or a p-norm object.
-    axis: the axis of the vectors.
-    solver: ``"auto"`` (the default: ``"pav_jax"`` on every backend), ``"pav_jax"``
-      (pure JAX: works with ``jax.export`` and ``shard_map``, where each shard solves
-      its own rows) or ``"pav"`` (numba on the host: the fastest on CPU for long rows,
-      but a host callback, which ``jax.export`` cannot serialize and which gathers a
-      sharded input to one host). Both give the same blocks (to rounding).
+    regularization_strength: :math:`l > 0`, a scalar or an array broadcastable to the
+      batch shape (one strength per row). Default 1.0. Differentiable.
+    p: the p-norm exponent, ``p > 1`` (default 2.0, fast-soft-sort's ``"l2"``);
+      ignored when ``regularizer`` is given.
+    regularizer: ``None`` (the p-norm), ``"entropy"`` or an
+      :class:`~implicit_topk.regularizers.Entropy` (then :math:`y > 0`, so ``w`` must be
+      positive; fast-soft-sort's ``"kl"``), or a
+      :class:`~implicit_topk.regularizers.PNorm`.
+    axis: the axis of the vectors (default -1).
+    solver: ``"auto"`` (default: ``"pav_jax"`` on every backend), ``"pav_jax"`` (pure
+      JAX: works with ``jax.export`` and ``shard_map``, where each shard solves its own
+      rows) or ``"pav"`` (numba on the host: the fastest on CPU for long rows, but a
+      host callback, which ``jax.export`` cannot serialize and which gathers a sharded
+      input to one host). Both give the same blocks (to rounding).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
 
   Returns:
-    ``y`` with the shape and dtype of ``x``. One sort per row, O(n) memory, forward
-    and backward; ``"pav"`` solves in O(n) after the sort, ``"pav_jax"`` in parallel
-    rounds of O(n) work each (typically a few; at most n).
+    ``y``, a ``jax.Array`` with the shape and the (floating) dtype of ``x``. One sort per
+    row, O(n) memory, forward and backward.
+
+  Raises:
+    ValueError: ``regularization_strength <= 0`` (when concrete), an unknown ``solver``,
+      or a regularizer other than a p-norm or the entropy.
+    TypeError: both ``regularization_strength`` and ``l`` given.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([0.5, 2.0, 1.0])
+    >>> itk.permutahedron_argmax(x, jnp.array([3.0, 2.0, 1.0]), regularization_strength=0.1)
+    Array([1., 3., 2.], dtype=float32)
+    >>> itk.permutahedron_argmax(x, jnp.array([1.0, 0.0, 0.0]), regularization_strength=2.0)
+    Array([0.  , 0.75, 0.25], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "permutahedron_argmax")
   x = _validation.as_float_input(x)
   w = jnp.broadcast_to(jnp.asarray(w, _validation.compute_dtype(x.dtype)), x.shape)
   return _permutahedron(x, w, l=l, p=p, regularizer=regularizer, axis=axis, solver=solver)
@@ -266,88 +312,250 @@ def _ranks_vector(n, dtype):
   return jnp.arange(n, 0, -1, dtype=dtype)  # (n, ..., 1)
 
 
-def soft_rank(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
-              descending: bool = False, solver: str = "auto"):
-  r"""Soft ranks along ``axis``: :math:`\arg\max_{y \in P((n, \dots, 1))} \langle x, y\rangle - l\,\Omega(y)`.
+def soft_rank(x: ArrayLike, *, regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+              p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
+              descending: bool = False, solver: str = "auto",
+              l: ArrayLike | None = None) -> jax.Array:
+  r"""Soft ranks along ``axis`` (Blondel et al. 2020, "Fast differentiable sorting and ranking").
 
-  Ascending by default (the largest entry gets rank ``n``; ``descending=True``: rank 1).
-  As ``l -> 0`` these are the ranks (1-based; ties get their average); as ``l`` grows
-  they tend to the mean rank ``(n + 1) / 2``. ``p = 2`` is fast-soft-sort's ``"l2"``
-  with ``regularization_strength = l``. Monotone in ``x``. O(n log n).
+  .. math::
 
-  ``solver``: ``"auto"`` (default) = ``"pav_jax"``, pure JAX (``jax.export``,
-  ``shard_map``); ``"pav"`` = numba on the host, the fastest on CPU for long rows but
-  not exportable with ``jax.export`` and gathering a sharded input to one host (see
-  :func:`permutahedron_argmax`).
+      r(x) = \arg\max_{y \in P((n, \dots, 1))}\ \langle x, y\rangle - l\,\Omega(y),
+      \qquad \Omega(y) = \tfrac1p \textstyle\sum_i |y_i|^p \ \text{(default } p = 2),
+
+  with :math:`l` = ``regularization_strength``. Ascending by default: the largest entry
+  gets rank ``n``, ranks are 1-based (``descending=True``: the largest gets rank 1). As
+  :math:`l \to 0` these are the hard ranks (ties get their average); as :math:`l` grows
+  they tend to the mean rank :math:`(n + 1)/2`. Monotone in ``x``; O(n log n) per row.
+
+  Equivalences: ``regularization_strength`` is fast-soft-sort's and torchsort's
+  ``regularization_strength`` (identical for ``p=2``, their ``"l2"``;
+  ``regularizer="entropy"`` is their ``"kl"``). SoftJAX's ``rank(x, softness=s,
+  method="fast_soft_sort", mode="c0", standardize=False)`` is
+  ``soft_rank(x, regularization_strength=s / (n - 1))``. ott-jax's ``soft_sort.ranks``
+  (entropic optimal transport, Cuturi et al. 2019) has no exact map; its ranks are
+  0-based.
+
+  Args:
+    x: float array of any shape (integer input is an error).
+    regularization_strength: :math:`l > 0`, a scalar or an array broadcastable to the
+      batch shape. Default 1.0.
+    p: p-norm exponent ``> 1`` (default 2.0); ignored when ``regularizer`` is given.
+    regularizer: ``None`` (p-norm), ``"entropy"`` or a regularizer object (p-norm or
+      entropy; see :func:`permutahedron_argmax`).
+    axis: the axis to rank along (default -1).
+    descending: rank the largest entry 1 instead of ``n`` (default False).
+    solver: ``"auto"`` (default, = ``"pav_jax"``, pure JAX: ``jax.export``,
+      ``shard_map``) or ``"pav"`` (numba on the host; see :func:`permutahedron_argmax`).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
+
+  Returns:
+    A ``jax.Array`` with the shape and floating dtype of ``x``; each row sums to
+    :math:`n(n+1)/2`.
+
+  Raises:
+    ValueError: ``regularization_strength <= 0`` (when concrete) or an unknown ``solver``.
+    TypeError: integer ``x``, or both ``regularization_strength`` and ``l`` given.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([5.0, 1.0, 2.0])
+    >>> itk.soft_rank(x, regularization_strength=2.0)
+    Array([3.  , 1.25, 1.75], dtype=float32)
+    >>> itk.soft_rank(x, regularization_strength=0.1)
+    Array([3., 1., 2.], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "soft_rank")
   x = _validation.as_float_input(x)
   return _permutahedron(-x if descending else x, None, l=l, p=p, regularizer=regularizer,
                         axis=axis, solver=solver)
 
 
-def soft_sort(x, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
-              descending: bool = False, topk: int | None = None, solver: str = "auto"):
-  r"""Soft sort along ``axis``: :math:`\arg\max_{y \in P(x)} \langle (n, \dots, 1), y\rangle - l\,\Omega(y)`.
+def soft_sort(x: ArrayLike, k: int | None = None, *,
+              regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+              p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
+              descending: bool = False, solver: str = "auto", topk: int | None = None,
+              l: ArrayLike | None = None) -> jax.Array:
+  r"""Soft sort along ``axis`` (Blondel et al. 2020, "Fast differentiable sorting and ranking").
 
-  The output lies in the permutahedron of ``x`` (a convex combination of its
-  permutations, so it has the same sum), ascending by default. As ``l -> 0`` it is
-  ``jnp.sort(x)``; as ``l`` grows every entry tends to the mean. ``p = 2`` is
-  fast-soft-sort's ``"l2"`` with ``regularization_strength = l``. With ``topk=k``
-  only the ``k`` largest soft-sorted values are returned (ascending, as
-  ``ott.tools.soft_sort.sort(..., topk=k)``). O(n log n).
+  .. math::
 
-  ``solver``: ``"auto"`` (default) = ``"pav_jax"``, pure JAX (``jax.export``,
-  ``shard_map``); ``"pav"`` = numba on the host, the fastest on CPU for long rows but
-  not exportable with ``jax.export`` and gathering a sharded input to one host (see
-  :func:`permutahedron_argmax`).
+      s(x) = \arg\max_{y \in P(x)}\ \langle (n, \dots, 1), y\rangle - l\,\Omega(y),
+      \qquad \Omega(y) = \tfrac1p \textstyle\sum_i |y_i|^p \ \text{(default } p = 2),
+
+  with :math:`l` = ``regularization_strength``, returned ascending by default. The output
+  lies in the permutahedron of ``x`` (a convex combination of its permutations, so each
+  row keeps its sum). As :math:`l \to 0` it is ``jnp.sort(x)``; as :math:`l` grows every
+  entry tends to the row mean. O(n log n) per row.
+
+  Equivalences: ``regularization_strength`` is fast-soft-sort's and torchsort's
+  ``regularization_strength`` (identical for ``p=2``, their ``"l2"``;
+  ``regularizer="entropy"`` is their ``"kl"``, positive values only). SoftJAX's
+  ``sort(x, softness=s, method="fast_soft_sort", mode="c0", standardize=False)`` is
+  ``soft_sort(x, regularization_strength=(n - 1) * s)``. With ``k``, the ``k`` largest
+  soft-sorted values, in the order of ott-jax's ``soft_sort.sort(x, topk=k)``
+  (entropic optimal transport, Cuturi et al. 2019; no exact map between its
+  ``epsilon`` and ``regularization_strength``).
+
+  Args:
+    x: float array of any shape (integer input is an error).
+    k: ``None`` (default: the whole sorted row) or a Python int ``0 <= k <= n``: return
+      only the ``k`` largest soft-sorted values (the last ``k`` ascending, the first
+      ``k`` with ``descending=True``).
+    regularization_strength: :math:`l > 0`, a scalar or an array broadcastable to the
+      batch shape. Default 1.0. Note the units: :math:`l` scales like ``x`` to the power
+      ``2 - p`` (dimensionless for ``p=2``).
+    p: p-norm exponent ``> 1`` (default 2.0); ignored when ``regularizer`` is given.
+    regularizer: ``None`` (p-norm), ``"entropy"`` (then ``x`` must be positive and
+      ``descending=True``) or a regularizer object (see :func:`permutahedron_argmax`).
+    axis: the axis to sort along (default -1).
+    descending: sort in descending order (default False).
+    solver: ``"auto"`` (default, = ``"pav_jax"``, pure JAX) or ``"pav"`` (numba on the
+      host; see :func:`permutahedron_argmax`).
+    topk: deprecated name of ``k`` (removed in 0.3.0).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
+
+  Returns:
+    A ``jax.Array`` of ``x``'s floating dtype, with ``x``'s shape (``k``: size ``k``
+    along ``axis``).
+
+  Raises:
+    ValueError: ``regularization_strength <= 0`` (when concrete), ``k`` outside
+      ``[0, n]`` or an unknown ``solver``.
+    TypeError: a non-integer ``k``, or both a new name and its deprecated one given.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([5.0, 1.0, 2.0])
+    >>> itk.soft_sort(x, regularization_strength=0.1)
+    Array([1., 2., 5.], dtype=float32)
+    >>> jnp.round(itk.soft_sort(x, regularization_strength=1.0), 4)
+    Array([1.6667, 2.6667, 3.6667], dtype=float32)
+    >>> itk.soft_sort(x, 2, regularization_strength=0.1, descending=True)
+    Array([5., 2.], dtype=float32)
   """
+  k = _deprecation.renamed_argument(k, topk, new="k", old="topk", function="soft_sort")
+  l = _deprecation.strength(regularization_strength, l, "soft_sort")
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
   n = x.shape[axis]
-  if topk is not None:
-    _validation.check_k(topk, n, integer=True, allow_n=True, name="topk")
+  if k is not None:
+    _validation.check_k(k, n, integer=True, allow_n=True, name="k")
   moved = jnp.moveaxis(x, axis, -1)
   sign = 1.0 if descending else -1.0
   y = sign * _permutahedron(None, sign * moved, l=l, p=p, regularizer=regularizer, axis=-1,
                             solver=solver)
-  if topk is not None:
-    y = y[..., :topk] if descending else y[..., n - topk:]
+  if k is not None:
+    y = y[..., :k] if descending else y[..., n - k:]
   return jnp.moveaxis(y, -1, axis)
 
 
-def soft_topk_values(x, k: int, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
-                     solver: str = "auto"):
-  """The ``k`` largest soft-sorted values along ``axis``, in descending order.
+def soft_topk_values(x: ArrayLike, k: int, *,
+                     regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+                     p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
+                     solver: str = "auto", l: ArrayLike | None = None) -> jax.Array:
+  r"""The ``k`` largest soft-sorted values along ``axis``, in descending order.
 
-  ``solver``: as :func:`soft_sort` (``"auto"`` = ``"pav_jax"``, pure JAX; ``"pav"``,
-  numba on the host, is not exportable with ``jax.export``).
+  .. math::
+
+      v(x) = \big(s_1(x), \dots, s_k(x)\big), \qquad
+      s(x) = \arg\max_{y \in P(x)}\ \langle (1, \dots, n), y\rangle - l\,\Omega(y),
+
+  i.e. ``soft_sort(x, k, descending=True)`` (Blondel et al. 2020). SoftJAX's
+  ``top_k(x, k, softness=s, method="fast_soft_sort", mode="c0", standardize=False)[0]``
+  is ``soft_topk_values(x, k, regularization_strength=(n - 1) * s)``.
+
+  Args:
+    x: float array of any shape.
+    k: a Python int, ``0 <= k <= n``.
+    regularization_strength: :math:`l > 0` (default 1.0), scalar or per row.
+    p: p-norm exponent ``> 1`` (default 2.0); ignored when ``regularizer`` is given.
+    regularizer: ``None``, ``"entropy"`` (positive ``x`` only) or a regularizer object.
+    axis: the axis to select along (default -1).
+    solver: ``"auto"`` (default, = ``"pav_jax"``) or ``"pav"`` (see :func:`soft_sort`).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
+
+  Returns:
+    A ``jax.Array`` of ``x``'s floating dtype, ``x``'s shape with size ``k`` along ``axis``.
+
+  Raises:
+    TypeError: a non-integer ``k``.
+    ValueError: ``k`` outside ``[0, n]`` or ``regularization_strength <= 0``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> itk.soft_topk_values(jnp.array([5.0, 1.0, 2.0, 4.0]), 2, regularization_strength=0.1)
+    Array([5., 4.], dtype=float32)
   """
-  return soft_sort(x, l=l, p=p, regularizer=regularizer, axis=axis, descending=True, topk=k,
-                   solver=solver)
+  l = _deprecation.strength(regularization_strength, l, "soft_topk_values")
+  return soft_sort(x, k, regularization_strength=l, p=p, regularizer=regularizer, axis=axis,
+                   descending=True, solver=solver)
 
 
-def soft_quantile(x, q, *, l=1.0, p: float = 2.0, regularizer=None, axis: int = -1,
-                  solver: str = "auto"):
-  r"""Soft quantiles: linear interpolation of the ascending soft sort at ``q (n - 1)``.
+def soft_quantile(x: ArrayLike, q: ArrayLike, *,
+                  regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+                  p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
+                  solver: str = "auto", l: ArrayLike | None = None) -> jax.Array:
+  r"""Soft quantiles: the soft sort interpolated linearly at :math:`q (n - 1)`.
 
-  As ``l -> 0`` this is ``jnp.quantile(x, q, axis=axis)`` (its default linear method).
-  ``q`` is a scalar or an array of levels in [0, 1]; the result has the batch shape of
-  ``x`` (without ``axis``) followed by ``q``'s shape. ``solver``: as :func:`soft_sort`
-  (``"auto"`` = ``"pav_jax"``, pure JAX; ``"pav"``, numba on the host, is not
-  exportable with ``jax.export``).
+  .. math::
+
+      Q_q(x) = (1 - f)\, s_{\lfloor q(n-1) \rfloor}(x) + f\, s_{\lfloor q(n-1) \rfloor + 1}(x),
+      \qquad f = q(n-1) - \lfloor q(n-1) \rfloor,
+
+  with :math:`s(x)` the ascending :func:`soft_sort` (0-based). As
+  ``regularization_strength -> 0`` this is ``jnp.quantile(x, q, axis=axis)`` with its
+  default ``method="linear"``, and the result has ``jnp.quantile``'s shape: ``q``'s
+  shape first, then ``x``'s shape without ``axis``. Unlike ``jnp.quantile``, ``axis``
+  defaults to -1 (``jnp.quantile``'s ``axis=None`` flattens ``x``; pass
+  ``x.ravel()`` for that).
+
+  Args:
+    x: float array of any shape.
+    q: the levels, a scalar or an array of any shape, in ``[0, 1]`` (checked when
+      concrete).
+    regularization_strength: :math:`l > 0` (default 1.0), scalar or per row (see
+      :func:`soft_sort`).
+    p: p-norm exponent ``> 1`` (default 2.0); ignored when ``regularizer`` is given.
+    regularizer: ``None``, ``"entropy"`` or a regularizer object (see :func:`soft_sort`).
+    axis: the axis to reduce (default -1).
+    solver: ``"auto"`` (default, = ``"pav_jax"``) or ``"pav"`` (see :func:`soft_sort`).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
+
+  Returns:
+    A ``jax.Array`` of ``x``'s floating dtype and shape
+    ``q.shape + x.shape[:axis] + x.shape[axis + 1:]``, as ``jnp.quantile``.
+
+  Raises:
+    ValueError: ``q`` outside ``[0, 1]`` (when concrete) or
+      ``regularization_strength <= 0``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([[1.0, 5.0, 2.0, 4.0], [0.0, 3.0, 9.0, 6.0]])
+    >>> itk.soft_quantile(x, 0.5, regularization_strength=0.01)
+    Array([3. , 4.5], dtype=float32)
+    >>> itk.soft_quantile(x, jnp.array([0.0, 0.5, 1.0]), regularization_strength=0.01).shape
+    (3, 2)
   """
+  l = _deprecation.strength(regularization_strength, l, "soft_quantile")
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
   q = jnp.asarray(q, x.dtype)
   concrete = _validation._concrete(q)  # pylint: disable=protected-access
   if concrete is not None and not np.all((concrete >= 0) & (concrete <= 1)):
     raise ValueError(f"`q` must lie in [0, 1]; got {q!r}.")
-  sorted_x = jnp.moveaxis(soft_sort(x, l=l, p=p, regularizer=regularizer, axis=axis,
-                                    solver=solver), axis, -1)
-  n = sorted_x.shape[-1]
+  # the sorted axis first: (n, *batch), so that the levels' gathers give q.shape + batch
+  sorted_x = jnp.moveaxis(soft_sort(x, regularization_strength=l, p=p, regularizer=regularizer,
+                                    axis=axis, solver=solver), axis, 0)
+  n, batch = sorted_x.shape[0], sorted_x.shape[1:]
   position = q * (n - 1)
   lower = jnp.clip(jnp.floor(position).astype(jnp.int32), 0, n - 1)
   upper = jnp.clip(lower + 1, 0, n - 1)
-  frac = position - lower
-  pick = lambda i: jnp.take(sorted_x, i.ravel(), axis=-1).reshape(sorted_x.shape[:-1] + q.shape)
+  frac = (position - lower).reshape(q.shape + (1,) * len(batch))
+  pick = lambda i: jnp.take(sorted_x, i.ravel(), axis=0).reshape(q.shape + batch)
   return pick(lower) * (1 - frac) + pick(upper) * frac
