@@ -75,10 +75,10 @@ def main(shapes=((4, 8192), (4, 1 << 17))):
       return jnp.zeros_like(z).at[jnp.arange(z.shape[0])[:, None], idx].set(1.0)
 
     methods = {
-        "soft_topk_mask (jit, sharded)": lambda z: itk.soft_topk_mask(z, k, l=0.1),
-        "soft_topk_mag (jit, sharded)": lambda z: itk.soft_topk_mag(z, k, l=0.1),
+        "soft_topk_mask (jit, sharded)": lambda z: itk.soft_topk_mask(z, k, regularization_strength=0.1),
+        "soft_topk_mag (jit, sharded)": lambda z: itk.soft_topk_mag(z, k, regularization_strength=0.1),
         "soft_topk_mask (shard_map, axis_name)": jax.shard_map(
-            lambda z: itk.soft_topk_mask(z, k, l=0.1, axis_name="d"), mesh=mesh,
+            lambda z: itk.soft_topk_mask(z, k, regularization_strength=0.1, axis_name="d"), mesh=mesh,
             in_specs=spec, out_specs=spec),
         "jnp.sort (jit, sharded)": lambda z: jnp.sort(z, axis=-1),
         "lax.top_k + scatter (jit, sharded)": hard,
@@ -90,9 +90,9 @@ def main(shapes=((4, 8192), (4, 1 << 17))):
         ms = timed(compiled, x)
       text = ", ".join(f"{kind} x{c} (max {b} B)" for kind, (c, b) in found.items()) or "none"
       print(f"| {shape} | {name} | {ms:.2f} | {text} |", flush=True)
-    one = jax.jit(lambda z: itk.soft_topk_mask(z, k, l=0.1, return_info=True))
+    one = jax.jit(lambda z: itk.soft_topk_mask(z, k, regularization_strength=0.1, return_info=True))
     _, info = one(x0)
-    ms = timed(jax.jit(lambda z: itk.soft_topk_mask(z, k, l=0.1)), x0)
+    ms = timed(jax.jit(lambda z: itk.soft_topk_mask(z, k, regularization_strength=0.1)), x0)
     print(f"| {shape} | soft_topk_mask (one device) | {ms:.2f} | none; Newton passes per row: "
           f"{np.asarray(info.iter_num).tolist()} |", flush=True)
 

@@ -144,7 +144,7 @@ def build(cell, solver, p):
   from implicit_topk import soft_topk_mask
 
   def loss(x, w):
-    return jnp.sum(soft_topk_mask(x, k, l=l, p=p, solver=solver) * w)
+    return jnp.sum(soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver) * w)
 
   return jax.jit(jax.grad(loss))  # gradient in x only; w is an argument, not a constant
 

@@ -121,7 +121,7 @@ def make_inner_solver(*, implicit: bool, maxiter: int = INNER_MAXITER):
 
 
 def mask_of(theta, k, l, *, diff="implicit", maxiter=None):
-  return itk.soft_topk_mask(theta, k, l=l, p=P, solver="threshold", diff=diff,
+  return itk.soft_topk_mask(theta, k, regularization_strength=l, p=P, solver="threshold", diff=diff,
                             maxiter=maxiter)
 
 

@@ -134,12 +134,12 @@ def route(variant, scores, segment_ids, *, k, l):
   tokens, experts = scores.shape
   c = tokens * k / experts
   if variant == "expert choice, soft":
-    return itk.soft_topk_mask(scores.T, c, l=l, axis=-1)
+    return itk.soft_topk_mask(scores.T, c, regularization_strength=l, axis=-1)
   if variant == "expert choice, soft, per sequence":
     lengths = jax.ops.segment_sum(jnp.ones_like(segment_ids, scores.dtype), segment_ids,
                                   num_segments=SEQUENCES)
     return itk.segment_soft_topk_mask(scores.T, segment_ids, lengths * k / experts,
-                                      num_segments=SEQUENCES, l=l, axis=-1)
+                                      num_segments=SEQUENCES, regularization_strength=l, axis=-1)
   if variant == "expert choice, hard":
     _, idx = jax.lax.top_k(scores.T, int(round(c)))  # (E, c): a sort over all tokens
     return jnp.zeros((experts, tokens), scores.dtype).at[

@@ -113,7 +113,7 @@ def weights_of(params):
 
 def soft_prune(params, k, l):
   """Global soft top-k in magnitude over the weight matrices (one threshold)."""
-  pruned = itk.tree_soft_topk_mag(weights_of(params), k, l=l)
+  pruned = itk.tree_soft_topk_mag(weights_of(params), k, regularization_strength=l)
   return {**params, **pruned}
 
 
@@ -215,7 +215,7 @@ def run(opts):
   # The soft pruning step on its own: no all-gather of any leaf, shardings kept.
   scale = float(jnp.std(jnp.concatenate([params[n].ravel() for n in WEIGHTS])))
   f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
-  prune_fn = jax.jit(lambda p, k, l: {**p, **itk.tree_soft_topk_mag(weights_of(p), k, l=l)})
+  prune_fn = jax.jit(lambda p, k, l: {**p, **itk.tree_soft_topk_mag(weights_of(p), k, regularization_strength=l)})
   prune_fn = prune_fn.lower(params, f32(1000.0), f32(0.1 * scale)).compile()
   hlo = prune_fn.as_text()
   pruned = prune_fn(params, f32(1000.0), f32(0.1 * scale))

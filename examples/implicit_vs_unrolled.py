@@ -59,7 +59,7 @@ def mask_fn(solver, mode, budget, k, l):
   options = dict(solver=solver, diff=mode, maxiter=budget)
   if solver == "dykstra":
     options["tol"] = 0.0  # exactly `budget` sweeps in both modes
-  return lambda x: itk.soft_topk_mask(x, k, l=l, p=2.0, **options)
+  return lambda x: itk.soft_topk_mask(x, k, regularization_strength=l, p=2.0, **options)
 
 
 def timed(fn, args, repeats):
@@ -82,8 +82,8 @@ def gradient_errors(g, g_star):
 
 def measure(n, budget, solver, mode, batch, repeats, seed):
   x, w, k, l = problem(n, batch, seed)
-  y_star = itk.soft_topk_mask(x, k, l=l, p=2.0, solver="pav")
-  g_star = jax.grad(lambda x: jnp.sum(w * itk.soft_topk_mask(x, k, l=l, p=2.0, solver="pav")))(x)
+  y_star = itk.soft_topk_mask(x, k, regularization_strength=l, p=2.0, solver="pav")
+  g_star = jax.grad(lambda x: jnp.sum(w * itk.soft_topk_mask(x, k, regularization_strength=l, p=2.0, solver="pav")))(x)
   forward = mask_fn(solver, mode, budget, k, l)
   value_and_grad = jax.jit(jax.value_and_grad(lambda x: jnp.sum(w * forward(x))))
   compiled = value_and_grad.lower(x).compile()

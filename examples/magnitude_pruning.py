@@ -79,7 +79,7 @@ def prune(w, k, method, l):
   if method == "soft":
     flat = w.ravel()
     scale = jax.lax.stop_gradient(jnp.std(flat))
-    return itk.soft_topk_mag(flat, k.astype(w.dtype), l=l * scale).reshape(w.shape)
+    return itk.soft_topk_mag(flat, k.astype(w.dtype), regularization_strength=l * scale).reshape(w.shape)
   hard = jnp.where(jnp.abs(w) >= _kth_largest(jax.lax.stop_gradient(jnp.abs(w)), k), w, 0.0)
   if method == "hard-ste":
     return w + jax.lax.stop_gradient(hard - w)

@@ -84,7 +84,7 @@ def init_params(key, d, hidden, classes, experts):
 
 def soft_gate(logits, k, l):
   """Sparse soft top-k mask over the experts, normalized to sum 1."""
-  return itk.soft_topk_mask(logits, k, l=l, p=4.0 / 3.0, solver="threshold", axis=-1) / k
+  return itk.soft_topk_mask(logits, k, regularization_strength=l, p=4.0 / 3.0, solver="threshold", axis=-1) / k
 
 
 def hard_gate(logits, k):

@@ -8,17 +8,21 @@ calls with the same shapes and options do not trace or compile again.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from implicit_topk import _validation
 from implicit_topk.problems import layout as _layout
 
+#: The public name of the regularization strength ``l``, used in error messages.
+STRENGTH = "regularization_strength"
 
-def apply_on_axis(fn: Callable, x, axis: int, *, name: str = "x"):
+
+def apply_on_axis(fn: Callable, x: ArrayLike, axis: int, *, name: str = "x") -> Any:
   """``fn(moved)`` with ``axis`` of ``x`` moved last, in the compute dtype.
 
   ``x`` must be a float array with at least one dimension (``TypeError`` /
@@ -36,7 +40,7 @@ def apply_on_axis(fn: Callable, x, axis: int, *, name: str = "x"):
   return restore(out)
 
 
-def input_size(x) -> int:
+def input_size(x: Any) -> int:
   """The number of entries of ``x`` (an array, tracer or nested list)."""
   return int(np.size(x))
 
@@ -87,7 +91,7 @@ def _hashable(value) -> bool:
   return True
 
 
-def check_where(where, x, name: str = "where"):
+def check_where(where: ArrayLike | None, x: jax.Array, name: str = "where") -> jax.Array | None:
   """``where`` as a boolean array of the shape of ``x`` (ValueError / TypeError otherwise)."""
   if where is None:
     return None
@@ -101,9 +105,12 @@ def check_where(where, x, name: str = "where"):
   return where
 
 
-def threshold_operator(solver, x, k, l, *, axis: int, return_info: bool = False,
-                       where=None, axis_name=None):
+def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *, axis: int,
+                       return_info: bool = False, where: ArrayLike | None = None,
+                       axis_name: Any = None) -> Any:
   """Validates ``x``, ``axis``, ``k`` (0 <= k <= n) and ``l`` (> 0), then solves along ``axis``.
+
+  ``l`` is the public ``regularization_strength``; errors about it use that name.
 
   ``where`` (boolean, the shape of ``x``): entries outside it are excluded (exactly 0,
   never selected) and, when ``where`` is concrete, ``k`` is checked against each row's
@@ -131,15 +138,16 @@ def threshold_operator(solver, x, k, l, *, axis: int, return_info: bool = False,
   if concrete_where is not None and axis_name is None:
     _validation.check_k_per_row(k, np.sum(concrete_where, axis=axis), "the number of "
                                 "valid entries (`where`) of the row")
-  _validation.check_strength(l, x.dtype)
+  _validation.check_strength(l, x.dtype, STRENGTH)
   _validation.check_broadcast(k, batch_shape, "k")
-  _validation.check_broadcast(l, batch_shape, "l")
+  _validation.check_broadcast(l, batch_shape, STRENGTH)
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
   return run(x, k, l, where, None, solver=solver, axis=axis, return_info=return_info)
 
 
-def segment_operator(solver, x, segment_ids, k, l, *, num_segments, axis: int = -1,
-                     indices_are_sorted: bool = False, return_info: bool = False):
+def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: ArrayLike,
+                     l: ArrayLike, *, num_segments: int | None, axis: int = -1,
+                     indices_are_sorted: bool = False, return_info: bool = False) -> Any:
   """Validates a segmented input and solves one threshold per segment along ``axis``.
 
   ``segment_ids``: integers of shape ``(x.shape[axis],)`` in ``[0, num_segments)``;
@@ -168,12 +176,12 @@ def segment_operator(solver, x, segment_ids, k, l, *, num_segments, axis: int = 
                      f"got ids {sorted(set(bad.tolist()))[:8]}.")
   row_shape = x.shape[:axis] + x.shape[axis + 1:] + (num_segments,)
   _validation.check_broadcast(k, row_shape, "k", what="batch + (num_segments,)")
-  _validation.check_broadcast(l, row_shape, "l", what="batch + (num_segments,)")
+  _validation.check_broadcast(l, row_shape, STRENGTH, what="batch + (num_segments,)")
   _validation.check_k(k, n)
   if ids is not None:
     sizes = np.bincount(ids, minlength=num_segments)
     _validation.check_k_per_row(k, sizes, "the size of its segment")
-  _validation.check_strength(l, x.dtype)
+  _validation.check_strength(l, x.dtype, STRENGTH)
   layout = _layout.Segments(num_segments, indices_are_sorted=bool(indices_are_sorted))
   solver = solver.with_layout(layout)
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
@@ -193,7 +201,8 @@ def _solve_tree(tree, k, l, *, solver, return_info):
 _solve_tree_jit = jax.jit(_solve_tree, static_argnames=("solver", "return_info"))
 
 
-def tree_operator(solver, tree, k, l, *, name: str, return_info: bool = False):
+def tree_operator(solver: Any, tree: Any, k: ArrayLike, l: ArrayLike, *, name: str,
+                  return_info: bool = False) -> Any:
   """Validates a pytree of float arrays and solves one threshold over all its entries.
 
   ``k`` (``0 <= k <=`` the total number of entries) and ``l`` are scalars. Returns a
@@ -210,12 +219,13 @@ def tree_operator(solver, tree, k, l, *, name: str, return_info: bool = False):
                       f"{jax.tree_util.keystr(path) or '(root)'} has dtype {leaf.dtype}.")
     checked.append(leaf)
   n = sum(int(np.size(leaf)) for leaf in checked)
-  for value, arg in ((k, "k"), (l, "l")):
+  for value, arg in ((k, "k"), (l, STRENGTH)):
     if np.ndim(value) != 0:
       raise ValueError(f"`{arg}` must be a scalar (one threshold for the whole pytree); got "
                        f"shape {np.shape(value)}.")
   _validation.check_k(k, n)
-  _validation.check_strength(l, min((leaf.dtype for leaf in checked), key=_validation.max_strength))
+  _validation.check_strength(l, min((leaf.dtype for leaf in checked), key=_validation.max_strength),
+                             STRENGTH)
   solver = solver.with_layout(_layout.Tree())
   run = _solve_tree_jit if _hashable(solver) else _solve_tree
-  return run(treedef.unflatten(checked), k, l, solver=solver, return_info=return_info)
+  return run(jax.tree.unflatten(treedef, checked), k, l, solver=solver, return_info=return_info)

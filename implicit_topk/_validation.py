@@ -8,13 +8,15 @@ concrete array); under ``jit`` with a traced value they are skipped, as in jax.n
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 
-def as_float_input(x, name: str = "x") -> jax.Array:
+def as_float_input(x: ArrayLike, name: str = "x") -> jax.Array:
   """Returns ``x`` as a JAX array with a floating dtype, or raises TypeError."""
   x = jnp.asarray(x)
   if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -27,7 +29,7 @@ def as_float_input(x, name: str = "x") -> jax.Array:
   return x
 
 
-def compute_dtype(dtype) -> jnp.dtype:
+def compute_dtype(dtype: Any) -> np.dtype:
   """float32/float64 compute in their own precision; half types in float32."""
   dtype = jnp.dtype(dtype)
   if dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
@@ -47,7 +49,7 @@ def canonicalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
   return int(axis) % ndim
 
 
-def _concrete(value):
+def _concrete(value: Any) -> np.ndarray | None:
   """Returns a NumPy view of ``value`` if it is concrete, else None (a tracer)."""
   if isinstance(value, jax.core.Tracer):
     return None
@@ -64,8 +66,8 @@ K_RULE = ("0 <= k <= n: k = n selects the whole row (a mask of ones), k = 0 noth
           "(a mask of zeros)")
 
 
-def check_k(k, n: int, *, integer: bool = False, allow_zero: bool = True,
-            allow_n: bool = True, name: str = "k"):
+def check_k(k: ArrayLike, n: int, *, integer: bool = False, allow_zero: bool = True,
+            allow_n: bool = True, name: str = "k") -> None:
   """Checks the library's one rule for ``k``, ``0 <= k <= n``, when k is concrete.
 
   ``k = n`` selects the whole row and ``k = 0`` nothing, for every operator where that
@@ -89,7 +91,7 @@ def check_k(k, n: int, *, integer: bool = False, allow_zero: bool = True,
                      f"axis); got {k!r}.")
 
 
-def check_k_per_row(k, counts, what: str, name: str = "k"):
+def check_k_per_row(k: ArrayLike, counts: Any, what: str, name: str = "k") -> None:
   """Checks ``k <= counts`` entrywise (``counts``: per-row sizes, e.g. a segment's size or
   a row's number of valid entries) when ``k`` is concrete; ``what`` names the bound."""
   value = _concrete(k)
@@ -108,7 +110,7 @@ def check_k_per_row(k, counts, what: str, name: str = "k"):
         f"{value[index]!r} but the bound is {int(counts[index])}.")
 
 
-def check_count(value, name: str) -> int:
+def check_count(value: Any, name: str) -> int:
   """Checks a static count: a Python int >= 1."""
   if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
     raise TypeError(f"`{name}` must be a Python int (it fixes a static shape); got {value!r}.")
@@ -117,7 +119,7 @@ def check_count(value, name: str) -> int:
   return int(value)
 
 
-def check_positive(value, name: str):
+def check_positive(value: Any, name: str) -> None:
   """Checks value > 0 (finite) when value is concrete."""
   concrete = _concrete(value)
   if concrete is None:
@@ -128,15 +130,19 @@ def check_positive(value, name: str):
     raise ValueError(f"`{name}` must be finite and > 0; got {value!r}.")
 
 
-def max_strength(dtype) -> float:
+def max_strength(dtype: Any) -> float:
   """The largest regularization strength ``l`` a dtype supports: ``1 / tiny`` of its
   compute dtype (2^1022 for float64, 2^126 for float32 and the half types). XLA on CPU
   divides by ``l`` through its reciprocal, and flushes a subnormal reciprocal to 0."""
   return float(1.0 / np.finfo(compute_dtype(dtype)).tiny)
 
 
-def check_strength(l, dtype, name: str = "l"):
-  """Checks ``0 < l < max_strength(dtype)`` (finite) when ``l`` is concrete."""
+def check_strength(l: Any, dtype: Any, name: str = "regularization_strength") -> None:
+  """Checks ``0 < l < max_strength(dtype)`` (finite) when ``l`` is concrete.
+
+  ``name`` is the argument's public name in the error message (the regularization
+  strength ``l`` is ``regularization_strength`` in every public signature).
+  """
   check_positive(l, name)
   concrete = _concrete(l)
   upper = max_strength(dtype)
@@ -147,7 +153,7 @@ def check_strength(l, dtype, name: str = "l"):
         f"got {l!r}.")
 
 
-def check_p(p) -> float:
+def check_p(p: Any) -> float:
   """Checks that the p-norm exponent is a static real number > 1."""
   if isinstance(p, jax.core.Tracer):
     raise TypeError("`p` must be a static Python float (it selects the solver kernel); got a tracer.")
@@ -160,20 +166,21 @@ def check_p(p) -> float:
   return p
 
 
-def check_choice(value, name: str, choices):
+def check_choice(value: Any, name: str, choices: Any) -> Any:
   if value not in choices:
     raise ValueError(f"`{name}` must be one of {sorted(choices)}; got {value!r}.")
   return value
 
 
-def check_maxiter(maxiter) -> int:
+def check_maxiter(maxiter: Any) -> int:
   """Checks an iteration cap: an int >= 1."""
-  if not (isinstance(maxiter, numbers.Integral) and not isinstance(maxiter, bool) and maxiter >= 1):
+  if not (isinstance(maxiter, numbers.Integral) and not isinstance(maxiter, bool)
+          and int(maxiter) >= 1):
     raise ValueError(f"`maxiter` must be an int >= 1; got {maxiter!r}.")
   return int(maxiter)
 
 
-def check_tol(tol) -> float:
+def check_tol(tol: Any) -> float:
   """Checks a tolerance: a finite real >= 0."""
   try:
     value = float(tol)
@@ -184,8 +191,8 @@ def check_tol(tol) -> float:
   return value
 
 
-def check_broadcast(value, batch_shape, name: str,
-                    what: str = "the input's shape without the reduced axis"):
+def check_broadcast(value: Any, batch_shape: Any, name: str,
+                    what: str = "the input's shape without the reduced axis") -> None:
   """Checks that ``value`` broadcasts to ``batch_shape`` (the input without its axis)."""
   shape = np.shape(value)
   try:

@@ -28,7 +28,7 @@ def sparse_soft_topk_mask_pav(x, k, l=1e-1, p=4 / 3, bisect_max_iter=50):
   """
   if not (isinstance(bisect_max_iter, int) and bisect_max_iter > 0):
     raise ValueError(f"`bisect_max_iter` must be a positive int; got {bisect_max_iter!r}.")
-  return _ops.soft_topk_mask(_as_float(x), k, l=l, p=p, solver="pav")
+  return _ops.soft_topk_mask(_as_float(x), k, regularization_strength=l, p=p, solver="pav")
 
 
 def sparse_soft_topk_mask_dykstra(x, k, l=1e-1, num_iter=500):
@@ -41,7 +41,7 @@ def sparse_soft_topk_mask_dykstra(x, k, l=1e-1, num_iter=500):
   """
   if not (isinstance(num_iter, int) and num_iter >= 2):
     raise ValueError(f"`num_iter` must be an int >= 2; got {num_iter!r}.")
-  return _ops.soft_topk_mask(_as_float(x), k, l=l, p=2.0, solver="dykstra", tol=0.0,
+  return _ops.soft_topk_mask(_as_float(x), k, regularization_strength=l, p=2.0, solver="dykstra", tol=0.0,
                              maxiter=num_iter // 2)
 
 
@@ -54,7 +54,7 @@ def sparse_soft_topk_mag_pav(x, k, l=1e-1, p=4 / 3, bisect_max_iter=50):
   """
   if not (isinstance(bisect_max_iter, int) and bisect_max_iter > 0):
     raise ValueError(f"`bisect_max_iter` must be a positive int; got {bisect_max_iter!r}.")
-  return _magnitude.soft_topk_mag(_as_float(x), k, l=l, p=p, solver="pav")
+  return _magnitude.soft_topk_mag(_as_float(x), k, regularization_strength=l, p=p, solver="pav")
 
 
 def sparse_soft_topk_mag_dykstra(x, k, l=1e-1, num_iter=500):
@@ -65,7 +65,7 @@ def sparse_soft_topk_mag_dykstra(x, k, l=1e-1, num_iter=500):
   """
   if not (isinstance(num_iter, int) and num_iter >= 2):
     raise ValueError(f"`num_iter` must be an int >= 2; got {num_iter!r}.")
-  return _magnitude.soft_topk_mag(_as_float(x), k, l=l, p=2.0, solver="dykstra", tol=0.0,
+  return _magnitude.soft_topk_mag(_as_float(x), k, regularization_strength=l, p=2.0, solver="dykstra", tol=0.0,
                                   maxiter=num_iter // 2)
 
 

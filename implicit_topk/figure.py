@@ -56,9 +56,9 @@ def curves(s, *, l: float = DEFAULT_L, op: str = "mask"):
     if p is None:
       y = hard.hard_topk_mask(x, K) if op == "mask" else hard.hard_topk_mag(x, K)
     elif op == "mask":
-      y = ops.soft_topk_mask(x, K, l=l, p=p)
+      y = ops.soft_topk_mask(x, K, regularization_strength=l, p=p)
     else:
-      y = magnitude.soft_topk_mag(x, K, l=l, p=p)
+      y = magnitude.soft_topk_mag(x, K, regularization_strength=l, p=p)
     out[label] = np.asarray(y[:, 1] + y[:, 2], np.float64)
   return out
 

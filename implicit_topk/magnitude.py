@@ -2,8 +2,10 @@ r"""Sparse, differentiable top-k in magnitude: :func:`soft_topk_mag` and its sol
 
 The hard operator keeps the k entries of largest :math:`|x_i|` with their signs,
 :math:`\mathrm{topkmag}(x) = \nabla f(x)` with :math:`f(u) = \frac12 \sum_{i \le k}
-|u|_{[i]}^2`. Its soft version (the seed reference's, Sander et al. 2023) smooths
-:math:`f` with :math:`\Psi(y) = \frac{l}{p}\sum_i |y_i|^p`:
+|u|_{[i]}^2`. Its soft version (Sander et al. 2023, "Fast, differentiable and sparse
+top-k: a convex analysis perspective", ICML, and their reference code) smooths
+:math:`f` with :math:`\Psi(y) = \frac{l}{p}\sum_i |y_i|^p`, :math:`l` the
+``regularization_strength``:
 
 .. math::
 
@@ -47,16 +49,25 @@ and ``"dykstra"`` (``p = 2``: the weighted isotonic regression of
 
 from __future__ import annotations
 
+from typing import Any, Union
+
+import jax
+from jax.typing import ArrayLike
+
 from implicit_topk import _apply
+from implicit_topk import _deprecation
 from implicit_topk import problems
 from implicit_topk import solvers
 
+#: A pytree of arrays (nested tuples, lists, dicts, ... with array leaves).
+PyTree = Any
+
 
 def soft_topk_mag(
-    x,
-    k,
+    x: ArrayLike,
+    k: ArrayLike,
     *,
-    l=0.1,
+    regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
     p: float = 4.0 / 3.0,
     axis: int = -1,
     solver: str = "auto",
@@ -65,9 +76,10 @@ def soft_topk_mag(
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
-    where=None,
-    axis_name=None,
-):
+    where: ArrayLike | None = None,
+    axis_name: Any = None,
+    l: ArrayLike | None = None,
+) -> Union[jax.Array, tuple[jax.Array, solvers.RootState]]:
   r"""Sparse, differentiable top-k in magnitude along ``axis``.
 
   .. math::
@@ -77,18 +89,22 @@ def soft_topk_mag(
       \mathrm{out}_i = y^\star_i + l\,\mathrm{sign}(y^\star_i)|y^\star_i|^{p-1}
       = \mathrm{sign}(x_i)\min\big(|x_i|,\ t_i + (t_i / l)^{1/(p-1)}\big)
 
-  where :math:`\|y\|_{(k)}^2 = \min_{z\in[0,1]^n, \sum z = k}\sum_i y_i^2/z_i` (the
+  where :math:`l` = ``regularization_strength``,
+  :math:`\|y\|_{(k)}^2 = \min_{z\in[0,1]^n, \sum z = k}\sum_i y_i^2/z_i` (the
   squared k-support norm), :math:`t_i = (|x_i| - \lambda)_+` and the threshold
   :math:`\lambda \ge 0` solves :math:`\sum_i \min(\lambda, (t_i/l)^{1/(p-1)}) = k\lambda`
-  (``proofs/magnitude_threshold.md``). This is the seed reference's
-  ``sparse_soft_topk_mag_*`` (its isotonic dual, its output scaling), for real ``k``.
+  (``proofs/magnitude_threshold.md``). This is the soft top-k in magnitude of Sander
+  et al. 2023, "Fast, differentiable and sparse top-k: a convex analysis
+  perspective" (ICML): ``sparse_soft_topk_mag_*`` of their reference code (its
+  isotonic dual, its output scaling), for real ``k``.
   Entries with :math:`|x_i| \le \lambda` are exactly 0, clearly-kept entries equal
   :math:`x_i` exactly; the output is odd in ``x``, :math:`|\mathrm{out}_i| \le |x_i|`,
   and tends to :func:`hard_topk_mag` as ``l -> 0``. Rows with at most ``k`` nonzero
   entries are returned unchanged.
 
   Derivatives w.r.t. ``x``, ``k`` and ``l``: implicit function theorem on the scalar
-  equation above (one division per row), JAX autodiff of the output map for the rest;
+  equation above (one division per row; Blondel et al. 2022, "Efficient and modular
+  implicit differentiation", NeurIPS), JAX autodiff of the output map for the rest;
   forward and reverse mode with ``implicit_diff_backend="lax"``. Where the solution is
   binary (integer ``k``, the k-th largest magnitude clearly above the (k+1)-th), the
   output is locally ``x`` on the kept set and 0 elsewhere, and the derivative w.r.t.
@@ -98,9 +114,16 @@ def soft_topk_mag(
     x: float array (float16/bfloat16 are computed in float32 and cast back).
     k: real number or array broadcastable to the batch shape, 0 <= k <= n: ``k = n``
       returns ``x`` itself and ``k = 0`` zeros.
-    l: regularization strength > 0, scalar or broadcastable to the batch shape.
-    p: p-norm exponent, a static float > 1 (4/3: continuously differentiable).
-    axis: the axis along which to select.
+    regularization_strength: :math:`l`, keyword-only, finite and > 0 (default 1.0),
+      a scalar or an array broadcastable to the batch shape, in units of ``x``:
+      small values give :func:`hard_topk_mag`, large ones shrink more entries
+      towards 0. The same name and meaning as fast-soft-sort's and torchsort's
+      ``regularization_strength`` (for ``p = 2`` the regularizer is
+      :math:`\frac{l}{2}\|y\|^2`); ott-jax calls the scale of its regularizer
+      ``epsilon``.
+    p: p-norm exponent, a static float > 1 (default 4/3: continuously
+      differentiable).
+    axis: the axis along which to select (default -1).
     solver: ``"auto"`` (default) = ``"threshold"`` (pure JAX, sort-free Newton,
       exact, exportable), ``"pav"`` (numba on the host, exact, faster on CPU for
       large batches; a host callback: not exportable with ``jax.export``, pulls a
@@ -125,17 +148,30 @@ def soft_topk_mag(
       per row, nothing is gathered, and ``k`` counts the global row. Not needed
       under ``jax.jit`` with a ``NamedSharding`` input. A name that is not a mesh axis
       of the enclosing ``shard_map`` raises ``ValueError``.
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
+      a ``DeprecationWarning``; passing both is a ``TypeError``.
 
   Returns:
     An array with the shape and dtype of ``x`` (and the ``RootState`` with
     ``return_info``). A row containing NaN gives NaN; ``|x_i| = inf`` entries are kept
     (a row with more than ``k`` of them gives NaN).
 
+  Raises:
+    TypeError: ``x`` is not a float array, or both ``regularization_strength`` and
+      ``l`` are given.
+    ValueError: concrete ``k`` outside ``[0, n]``, ``regularization_strength`` not
+      finite and > 0, shapes that do not broadcast, an unknown ``solver``.
+
   Example:
     >>> import jax.numpy as jnp
-    >>> soft_topk_mag(jnp.array([-5., -2., 3., 1.]), k=2, l=1e-2)
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([-5., -2., 3., 1.])
+    >>> itk.soft_topk_mag(x, 2, regularization_strength=1e-2)
     Array([-5., -0.,  3.,  0.], dtype=float32)
+    >>> jnp.round(itk.soft_topk_mag(x, 2), 2)  # default strength 1.0
+    Array([-5.  , -0.22,  2.99,  0.  ], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "soft_topk_mag")
   solver_obj = solvers.make_solver(
       solver, problems.Magnitude(p), implicit_diff_backend=implicit_diff_backend, diff=diff,
       tol=tol, maxiter=maxiter, size=_apply.input_size(x))
@@ -144,20 +180,22 @@ def soft_topk_mag(
 
 
 def tree_soft_topk_mag(
-    params,
-    k,
+    params: PyTree,
+    k: ArrayLike,
     *,
-    l=0.1,
+    regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
     p: float = 4.0 / 3.0,
     diff: str = "implicit",
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
-):
+    l: ArrayLike | None = None,
+) -> Union[PyTree, tuple[PyTree, solvers.RootState]]:
   r"""Soft top-k in magnitude over every entry of a pytree (global soft magnitude pruning).
 
-  With :math:`x` all entries of all leaves of ``params`` and one threshold
-  :math:`\lambda \ge 0` for the whole tree,
+  With :math:`x` all entries of all leaves of ``params``, :math:`l` =
+  ``regularization_strength`` and one threshold :math:`\lambda \ge 0` for the whole
+  tree,
 
   .. math::
 
@@ -178,24 +216,38 @@ def tree_soft_topk_mag(
     params: a pytree of float arrays (at least one leaf), e.g. a model's weights.
     k: a scalar, ``0 <= k <= n`` (the total number of entries): how many weights to
       keep, e.g. ``(1 - sparsity) * n``; need not be an integer.
-    l: regularization strength > 0, a scalar (in units of the weights).
-    p: p-norm exponent, a static float > 1.
+    regularization_strength: :math:`l`, keyword-only, a finite scalar > 0 (default
+      1.0), in units of the weights; the meaning of fast-soft-sort's and torchsort's
+      ``regularization_strength`` (ott-jax's ``epsilon``), as in
+      :func:`soft_topk_mag`.
+    p: p-norm exponent, a static float > 1 (default 4/3).
     diff: ``"implicit"`` (default) or ``"unrolled"``.
     maxiter: iteration cap of the Newton iteration (default 100).
-    implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``.
-    return_info: also return the solver's ``RootState`` (scalars).
+    implicit_diff_backend: ``"lax"`` (default; forward and reverse mode) or
+      ``"jaxopt"``.
+    return_info: also return the solver's ``RootState`` (scalars; default False).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
+      a ``DeprecationWarning``; passing both is a ``TypeError``.
 
   Returns:
-    A pytree with the structure of ``params`` (and the ``RootState`` with
-    ``return_info``).
+    A pytree with the structure of ``params``, each leaf with its shape and dtype
+    (and the ``RootState`` with ``return_info``).
+
+  Raises:
+    TypeError: a leaf without a floating dtype, or both ``regularization_strength``
+      and ``l``.
+    ValueError: an empty pytree, a non-scalar ``k`` or strength, ``k`` outside
+      ``[0, n]``, ``regularization_strength`` not finite and > 0.
 
   Example:
     >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
     >>> params = {"w": jnp.array([[3., -1.], [0.5, -2.]]), "b": jnp.array([4., 1.])}
-    >>> tree_soft_topk_mag(params, k=3, l=1e-3)["w"]
+    >>> itk.tree_soft_topk_mag(params, 3, regularization_strength=1e-3)["w"]
     Array([[ 3., -0.],
            [ 0., -2.]], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "tree_soft_topk_mag")
   solver_obj = solvers.make_solver(
       "threshold", problems.Magnitude(p), implicit_diff_backend=implicit_diff_backend,
       diff=diff, maxiter=maxiter)

@@ -1,20 +1,42 @@
-r"""The public soft top-k operators (functional API over the solver objects)."""
+r"""The public soft top-k operators (functional API over the solver objects).
+
+Every operator here solves the regularized linear program of Sander et al. 2023,
+"Fast, differentiable and sparse top-k: a convex analysis perspective" (ICML), over the
+capped simplex, and is differentiated implicitly (Blondel et al. 2022, "Efficient and
+modular implicit differentiation", NeurIPS).
+
+``regularization_strength`` (the :math:`l` of the formulas, default 1.0) has the name
+and the meaning it has in fast-soft-sort (Blondel et al. 2020, "Fast differentiable
+sorting and ranking", ICML) and torchsort (for ``p = 2``: the regularizer is
+:math:`\frac{l}{2}\|y\|^2`); in ott-jax the same role is played by ``epsilon``, the
+scale of the entropic (or quadratic) regularizer. Before 0.2.0 it was called ``l``
+(default 0.1); ``l=`` still works until 0.3.0 with a DeprecationWarning.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Union
+
+import jax
+from jax.typing import ArrayLike
+
 from implicit_topk import _apply
+from implicit_topk import _deprecation
 from implicit_topk import problems
 from implicit_topk import regularizers
 from implicit_topk import solvers
 
+#: A pytree of arrays (nested tuples, lists, dicts, ... with array leaves).
+PyTree = Any
+
 
 def soft_topk_mask(
-    x,
-    k,
+    x: ArrayLike,
+    k: ArrayLike,
     *,
-    l=0.1,
+    regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
     p: float = 4.0 / 3.0,
-    regularizer=None,
+    regularizer: Any = None,
     axis: int = -1,
     solver: str = "auto",
     diff: str = "implicit",
@@ -22,9 +44,10 @@ def soft_topk_mask(
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
-    where=None,
-    axis_name=None,
-):
+    where: ArrayLike | None = None,
+    axis_name: Any = None,
+    l: ArrayLike | None = None,
+) -> Union[jax.Array, tuple[jax.Array, solvers.RootState]]:
   r"""Sparse, differentiable top-k mask along ``axis``.
 
   .. math::
@@ -33,14 +56,18 @@ def soft_topk_mask(
                    - \frac{l}{p} \sum_i |y_i|^p
       \;=\; \min\Big(1, \big(\tfrac{(x_i - \lambda)_+}{l}\big)^{1/(p-1)}\Big)
 
-  with the threshold :math:`\lambda` chosen so that :math:`\sum_i y_i = k`. Entries
-  below the threshold are exactly 0, clearly-kept entries exactly 1. ``p = 2`` is the
-  Euclidean projection of ``x / l`` onto the capped simplex (kinks); ``p = 4/3``
-  (default) is continuously differentiable. As ``l -> 0`` the mask tends to
-  :func:`hard_topk_mask`; as ``l -> inf`` to ``k / n``.
+  with :math:`l` = ``regularization_strength`` and the threshold :math:`\lambda`
+  chosen so that :math:`\sum_i y_i = k` (Sander et al. 2023, "Fast, differentiable and
+  sparse top-k: a convex analysis perspective", ICML). Entries below the threshold are
+  exactly 0, clearly-kept entries exactly 1. ``p = 2`` is the Euclidean projection of
+  ``x / l`` onto the capped simplex (kinks); ``p = 4/3`` (default) is continuously
+  differentiable. As ``l -> 0`` the mask tends to :func:`hard_topk_mask` (it is exactly
+  the hard mask once ``l`` is at most the gap between the k-th and (k+1)-th largest
+  entries); as ``l -> inf`` it tends to ``k / n``.
 
   Derivatives w.r.t. ``x``, ``k`` and ``l`` come from the implicit function theorem on
-  :math:`\sum_i y_i(\lambda) - k = 0` (one division per row): forward and reverse
+  :math:`\sum_i y_i(\lambda) - k = 0` (one division per row; Blondel et al. 2022,
+  "Efficient and modular implicit differentiation", NeurIPS): forward and reverse
   mode with ``implicit_diff_backend="lax"``, reverse only with ``"jaxopt"``.
 
   Where the solution is binary (every :math:`y_i \in \{0, 1\}`, which needs an
@@ -55,10 +82,18 @@ def soft_topk_mask(
     k: real number or array broadcastable to the batch shape (``x`` without
       ``axis``), with 0 <= k <= n. Need not be an integer. ``k = n`` gives a mask of
       ones and ``k = 0`` a mask of zeros (derivatives 0), the rule of every operator.
-    l: regularization strength > 0, scalar or broadcastable to the batch shape.
-    p: p-norm exponent, a static float > 1 (ignored if ``regularizer`` is given).
-    regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
-    axis: the axis along which to select.
+    regularization_strength: :math:`l`, keyword-only, finite and > 0 (default 1.0),
+      a scalar or an array broadcastable to the batch shape. Small values give the
+      hard mask, large ones spread the mass towards ``k / n``. The same name and
+      meaning as fast-soft-sort's and torchsort's ``regularization_strength`` (for
+      ``p = 2`` the regularizer is :math:`\frac{l}{2}\|y\|^2`); ott-jax calls the
+      scale of its entropic or quadratic regularizer ``epsilon``.
+    p: p-norm exponent, a static float > 1 (default 4/3; ignored if ``regularizer``
+      is given).
+    regularizer: None (default: ``PNorm(p)``), a name (``"entropy"``, ``"sigmoid"``,
+      ``"laplace"``, ``"pnorm"``) or a regularizer object (see
+      :mod:`implicit_topk.regularizers`).
+    axis: the axis along which to select (default -1).
     solver: ``"auto"`` (default) = ``"threshold"``: pure JAX, sort-free Newton, exact;
       works under ``jax.export``, ``shard_map`` and on sharded inputs, any backend.
       ``"pav"``: numba PAV on the host, exact, faster on CPU for large batches (see
@@ -90,10 +125,18 @@ def soft_topk_mask(
       a ``NamedSharding`` input (XLA inserts the all-reduce itself). A name that is
       not a mesh axis of the enclosing ``shard_map``, or an input that does not vary
       over it, raises ``ValueError``. Needs ``solver="threshold"`` (or ``"auto"``).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
+      a ``DeprecationWarning``; passing both is a ``TypeError``.
 
   Returns:
-    An array with the shape and dtype of ``x``; with ``return_info``, the pair
-    ``(mask, RootState)``.
+    An array with the shape and dtype of ``x``, entries in [0, 1] summing to ``k``
+    along ``axis``; with ``return_info``, the pair ``(mask, RootState)``.
+
+  Raises:
+    TypeError: ``x`` is not a float array, or both ``regularization_strength`` and
+      ``l`` are given.
+    ValueError: concrete ``k`` outside ``[0, n]``, ``regularization_strength`` not
+      finite and > 0, shapes that do not broadcast, an unknown ``solver``.
 
   Limits of floating point: the mask is computed on ``x`` minus its row's largest
   finite entry (shift invariance), so ``|x| / l`` may be as large as the format
@@ -111,9 +154,14 @@ def soft_topk_mask(
 
   Example:
     >>> import jax.numpy as jnp
-    >>> soft_topk_mask(jnp.array([-5., -2., 3., 1.]), k=2, l=1e-2)
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([-5., -2., 3., 1.])
+    >>> itk.soft_topk_mask(x, 2, regularization_strength=1e-2)
     Array([0., 0., 1., 1.], dtype=float32)
+    >>> jnp.round(itk.soft_topk_mask(x, 1.5, p=2.0), 3)  # default strength 1.0
+    Array([0. , 0. , 1. , 0.5], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "soft_topk_mask")
   problem = problems.CappedSimplex(regularizers.resolve(regularizer, p))
   solver_obj = solvers.make_solver(
       solver, problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
@@ -123,21 +171,22 @@ def soft_topk_mask(
 
 
 def segment_soft_topk_mask(
-    x,
-    segment_ids,
-    k,
+    x: ArrayLike,
+    segment_ids: ArrayLike,
+    k: ArrayLike,
     *,
     num_segments: int | None = None,
-    l=0.1,
+    regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
     p: float = 4.0 / 3.0,
-    regularizer=None,
+    regularizer: Any = None,
     axis: int = -1,
     indices_are_sorted: bool = False,
     diff: str = "implicit",
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
-):
+    l: ArrayLike | None = None,
+) -> Union[jax.Array, tuple[jax.Array, solvers.RootState]]:
   r"""Soft top-k mask within each segment of ``axis`` (ragged rows, no padding).
 
   Entry :math:`i` of ``axis`` belongs to segment :math:`s(i) =` ``segment_ids[i]``;
@@ -149,7 +198,8 @@ def segment_soft_topk_mask(
       y_i = \mathrm{mask}\big((x_i - \lambda_{s(i)}) / l_{s(i)}\big), \qquad
       \sum_{i \in S} y_i = k_S \ \text{ for every segment } S,
 
-  the same result as calling :func:`soft_topk_mask` on every segment separately. The
+  with :math:`l` = ``regularization_strength``: the same result as calling
+  :func:`soft_topk_mask` on every segment separately. The
   sort-free Newton iteration runs on all segments at once: each pass is one
   :func:`jax.ops.segment_sum` over the whole array and one gather of the per-segment
   thresholds by ``segment_ids``, so time and memory are O(n) however ragged the
@@ -174,30 +224,46 @@ def segment_soft_topk_mask(
     num_segments: the number of segments, a Python int (it fixes the shape of the
       per-segment values). Optional when ``segment_ids`` is concrete (then
       ``max(segment_ids) + 1``); required under ``jit``.
-    l: regularization strength > 0, scalar or broadcastable to
-      ``batch + (num_segments,)``.
-    p: p-norm exponent, a static float > 1 (ignored if ``regularizer`` is given).
-    regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
-    axis: the axis holding the segments.
-    indices_are_sorted: whether ``segment_ids`` is sorted (a hint to XLA).
+    regularization_strength: :math:`l`, keyword-only, finite and > 0 (default 1.0),
+      a scalar or an array broadcastable to ``batch + (num_segments,)``; the meaning
+      of fast-soft-sort's and torchsort's ``regularization_strength`` (ott-jax's
+      ``epsilon``), as in :func:`soft_topk_mask`.
+    p: p-norm exponent, a static float > 1 (default 4/3; ignored if ``regularizer``
+      is given).
+    regularizer: None (default: ``PNorm(p)``), a name or a regularizer object (see
+      :mod:`implicit_topk.regularizers`).
+    axis: the axis holding the segments (default -1).
+    indices_are_sorted: whether ``segment_ids`` is sorted (a hint to XLA; default
+      False).
     diff: ``"implicit"`` (default) or ``"unrolled"`` (autodiff through ``maxiter``
       Newton iterations).
     maxiter: iteration cap of the Newton iteration (default 100).
     implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``.
     return_info: also return the solver's :class:`RootState`, one entry per segment
-      (shape ``batch + (num_segments,)``).
+      (shape ``batch + (num_segments,)``; default False).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
+      a ``DeprecationWarning``; passing both is a ``TypeError``.
 
   Returns:
-    An array with the shape and dtype of ``x`` (and the ``RootState`` with
-    ``return_info``).
+    An array with the shape and dtype of ``x``, summing to ``k_S`` over each segment
+    (and the ``RootState`` with ``return_info``).
+
+  Raises:
+    TypeError: non-integer ``segment_ids``, non-float ``x``, or both
+      ``regularization_strength`` and ``l``.
+    ValueError: out-of-range concrete ``segment_ids`` or ``k``,
+      ``regularization_strength`` not finite and > 0, shapes that do not broadcast.
 
   Example:
     >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
     >>> x = jnp.array([3., 1., 2., 0., 5., 4.])
-    >>> segment_soft_topk_mask(x, jnp.array([0, 0, 0, 1, 1, 1]), k=jnp.array([1., 2.]),
-    ...                        num_segments=2, l=1e-2)
+    >>> ids = jnp.array([0, 0, 0, 1, 1, 1])
+    >>> itk.segment_soft_topk_mask(x, ids, jnp.array([1., 2.]), num_segments=2,
+    ...                            regularization_strength=1e-2)
     Array([1., 0., 0., 0., 1., 1.], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "segment_soft_topk_mask")
   problem = problems.CappedSimplex(regularizers.resolve(regularizer, p))
   solver_obj = solvers.make_solver(
       "threshold", problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
@@ -208,17 +274,18 @@ def segment_soft_topk_mask(
 
 
 def tree_soft_topk_mask(
-    scores,
-    k,
+    scores: PyTree,
+    k: ArrayLike,
     *,
-    l=0.1,
+    regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
     p: float = 4.0 / 3.0,
-    regularizer=None,
+    regularizer: Any = None,
     diff: str = "implicit",
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
-):
+    l: ArrayLike | None = None,
+) -> Union[PyTree, tuple[PyTree, solvers.RootState]]:
   r"""One soft top-k mask over every entry of a pytree of arrays (one global threshold).
 
   With :math:`x` all entries of all leaves of ``scores`` (:math:`n` in total),
@@ -228,7 +295,8 @@ def tree_soft_topk_mask(
       y^\star = \arg\max_{y \in [0,1]^n,\ \sum_i y_i = k}\ \langle x, y\rangle
                 - l\,\Omega(y), \qquad y_i = \mathrm{mask}\big((x_i - \lambda) / l\big),
 
-  with a single threshold :math:`\lambda` for the whole tree: the result equals
+  with :math:`l` = ``regularization_strength`` and a single threshold
+  :math:`\lambda` for the whole tree: the result equals
   :func:`soft_topk_mask` on the concatenation of the flattened leaves, returned with
   the structure, shapes and dtypes of ``scores``. Nothing is concatenated: every
   Newton step reduces each leaf on its own and adds the per-leaf sums, so leaves may
@@ -245,25 +313,43 @@ def tree_soft_topk_mask(
       their common floating dtype (half types in float32) and cast back.
     k: a scalar, ``0 <= k <= n`` (the total number of entries); need not be an
       integer.
-    l: regularization strength > 0, a scalar.
-    p: p-norm exponent, a static float > 1 (ignored if ``regularizer`` is given).
-    regularizer: a regularizer object (see :mod:`implicit_topk.regularizers`).
+    regularization_strength: :math:`l`, keyword-only, a finite scalar > 0 (default
+      1.0); the meaning of fast-soft-sort's and torchsort's
+      ``regularization_strength`` (ott-jax's ``epsilon``), as in
+      :func:`soft_topk_mask`.
+    p: p-norm exponent, a static float > 1 (default 4/3; ignored if ``regularizer``
+      is given).
+    regularizer: None (default: ``PNorm(p)``), a name or a regularizer object (see
+      :mod:`implicit_topk.regularizers`).
     diff: ``"implicit"`` (default) or ``"unrolled"``.
     maxiter: iteration cap of the Newton iteration (default 100).
-    implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``.
-    return_info: also return the solver's :class:`RootState` (scalars).
+    implicit_diff_backend: ``"lax"`` (default; forward and reverse mode) or
+      ``"jaxopt"``.
+    return_info: also return the solver's :class:`RootState` (scalars; default
+      False).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
+      a ``DeprecationWarning``; passing both is a ``TypeError``.
 
   Returns:
-    A pytree with the structure of ``scores`` (and the ``RootState`` with
+    A pytree with the structure of ``scores``, each leaf with its shape and dtype,
+    all entries in [0, 1] and summing to ``k`` (and the ``RootState`` with
     ``return_info``).
+
+  Raises:
+    TypeError: a leaf without a floating dtype, or both ``regularization_strength``
+      and ``l``.
+    ValueError: an empty pytree, a non-scalar ``k`` or strength, ``k`` outside
+      ``[0, n]``, ``regularization_strength`` not finite and > 0.
 
   Example:
     >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
     >>> tree = {"w": jnp.array([[3., -1.], [0.5, 2.]]), "b": jnp.array([4., 1.])}
-    >>> tree_soft_topk_mask(tree, k=2, l=1e-2)["w"]
+    >>> itk.tree_soft_topk_mask(tree, 2, regularization_strength=1e-2)["w"]
     Array([[1., 0.],
            [0., 0.]], dtype=float32)
   """
+  l = _deprecation.strength(regularization_strength, l, "tree_soft_topk_mask")
   problem = problems.CappedSimplex(regularizers.resolve(regularizer, p))
   solver_obj = solvers.make_solver(
       "threshold", problem, implicit_diff_backend=implicit_diff_backend, diff=diff,

@@ -1,4 +1,4 @@
-r"""Smooth (dense) top-k operators of Su's "Softmax Sequel: Finding Smooth Approximations for Top-K" (Jianlin Su, kexue.fm): GradTopK and the iterative softmax.
+r"""Smooth (dense) top-k operators of Jianlin Su's blog post "Softmax Sequel: Finding Smooth Approximations for Top-K" (kexue.fm, 2024): GradTopK and the iterative softmax.
 
 Both map :math:`x \in \mathbb{R}^n` to a soft top-k mask with entries summing to
 ``k``; neither is sparse (in exact arithmetic every entry is > 0 for finite inputs;
@@ -11,7 +11,8 @@ in floating point the smallest ones underflow to 0).
       \mathrm{grad\_topk}(x) = \nabla_u \log e_k(e^{u}) \Big|_{u = x / l},\qquad
       e_k(w) = \sum_{|S| = k} \prod_{i \in S} w_i ,
 
-  the elementary symmetric polynomial of degree k. It is exactly feasible
+  the elementary symmetric polynomial of degree k, :math:`l` the
+  ``regularization_strength`` (a temperature). It is exactly feasible
   (:math:`0 < y_i < 1`, :math:`\sum_i y_i = k`), monotone, shift invariant, tends to
   the hard top-k mask as :math:`l \to 0` and is ``softmax(x / l)`` for ``k = 1``
   (``proofs/grad_topk.md``). It is also a regularized LP over the capped simplex,
@@ -21,7 +22,7 @@ in floating point the smallest ones underflow to 0).
   :math:`H_k(y)` the largest entropy of a distribution over k-subsets with
   marginals :math:`y` (Fenchel duality), and :math:`y_i = P_q(i \in S)`.
 
-* :func:`iterative_softmax_topk` is the seed's heuristic: ``k`` rounds of softmax,
+* :func:`iterative_softmax_topk` is the post's first heuristic: ``k`` rounds of softmax,
   each damping what earlier rounds took. Kept as a baseline; it is not exactly a
   top-k relaxation (entries can exceed 1, and it is not monotone; see its docstring).
 """
@@ -31,17 +32,21 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import warnings
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from implicit_topk import _apply
+from implicit_topk import _deprecation
 from implicit_topk import _validation
 
 __all__ = ["grad_topk", "iterative_softmax_topk"]
 
 
-def _check_static_k(k, n: int, op: str) -> int:
+def _check_static_k(k: Any, n: int, op: str) -> int:
   """k must be a Python (or NumPy) int with 0 <= k <= n: it fixes a loop length."""
   if isinstance(k, jax.core.Tracer) or not isinstance(k, numbers.Integral) or isinstance(k, bool):
     raise TypeError(
@@ -50,12 +55,34 @@ def _check_static_k(k, n: int, op: str) -> int:
   return int(k)
 
 
-def _on_last_axis(fn, x, k, l, axis, op: str):
+def _positional_strength(args: tuple, regularization_strength: Any, function: str) -> Any:
+  """The strength passed as the deprecated third positional argument, if any.
+
+  Before 0.2.0 :func:`grad_topk` and :func:`iterative_softmax_topk` took the strength
+  as an optional positional ``l``; it still works, with a DeprecationWarning, until
+  0.3.0. Called from the public function (the warning points at its caller).
+  """
+  if not args:
+    return regularization_strength
+  if len(args) > 1:
+    raise TypeError(f"{function}() takes at most 3 positional arguments (x, k and the "
+                    f"deprecated positional strength) but {2 + len(args)} were given.")
+  if (regularization_strength is not _deprecation.DEFAULT_STRENGTH
+      and not _deprecation._equal(regularization_strength, _deprecation.DEFAULT_STRENGTH)):
+    raise TypeError(f"{function}() got the strength both positionally and as "
+                    f"`regularization_strength`; pass `regularization_strength` only.")
+  warnings.warn(f"{function}(): passing the regularization strength positionally is "
+                f"deprecated and will be removed in {_deprecation.REMOVED_IN}; use "
+                f"`regularization_strength=` instead.", DeprecationWarning, stacklevel=3)
+  return args[0]
+
+
+def _on_last_axis(fn: Callable, x: ArrayLike, k: Any, l: Any, axis: int, op: str) -> jax.Array:
   """``fn(rows / l, k)`` along ``axis`` (validated; half types computed in float32)."""
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
-  _validation.check_positive(l, "l")
-  _validation.check_broadcast(l, x.shape[:axis] + x.shape[axis + 1:], "l")
+  _validation.check_positive(l, "regularization_strength")
+  _validation.check_broadcast(l, x.shape[:axis] + x.shape[axis + 1:], "regularization_strength")
   k = _check_static_k(k, x.shape[axis], op)
 
   def on_rows(rows):
@@ -134,8 +161,10 @@ def _grad_topk_last_axis(u, k: int):
   return jnp.where(jnp.isfinite(log_z)[..., None], y, jnp.nan)
 
 
-def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
-  r"""GradTopK (Su's "Softmax Sequel" (Jianlin Su, kexue.fm)): the gradient of the log-sum-exp over all k-subsets.
+def grad_topk(x: ArrayLike, k: int, *args: ArrayLike,
+              regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+              axis: int = -1, l: ArrayLike | None = None) -> jax.Array:
+  r"""GradTopK: the gradient of the log-sum-exp over all k-subsets (Su, "Softmax Sequel").
 
   .. math::
 
@@ -144,8 +173,10 @@ def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
       \qquad
       y_i = \frac{\sum_{S \ni i} e^{u_S}}{\sum_{S} e^{u_S}} = P_q(i \in S),
 
-  the inclusion probabilities of the distribution :math:`q(S) \propto e^{u_S}` over
-  k-subsets. Equivalently
+  with :math:`l` = ``regularization_strength``: the inclusion probabilities of the
+  distribution :math:`q(S) \propto e^{u_S}` over k-subsets (GradTopK of Jianlin Su's
+  blog post "Softmax Sequel: Finding Smooth Approximations for Top-K", kexue.fm,
+  2024). Equivalently
   :math:`y = \arg\max_{y \in [0,1]^n,\ \sum y = k} \langle x, y\rangle + l\,H_k(y)`,
   :math:`H_k(y)` the largest entropy of a distribution over k-subsets with
   marginals :math:`y`. Properties (``proofs/grad_topk.md``): :math:`0 < y_i < 1`,
@@ -178,12 +209,27 @@ def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
   Args:
     x: float array (float16/bfloat16 are computed in float32 and cast back).
     k: static Python int, 0 <= k <= n (``k = n``: all ones, ``k = 0``: zeros).
-    l: temperature > 0, scalar or broadcastable to the batch shape (``x`` without
-      ``axis``).
-    axis: the axis along which to select.
+    *args: deprecated: the strength as a third positional argument (the signature
+      before 0.2.0); warns with a ``DeprecationWarning``. At most one.
+    regularization_strength: :math:`l`, the temperature, keyword-only, finite and
+      > 0 (default 1.0), a scalar or an array broadcastable to the batch shape
+      (``x`` without ``axis``). The name fast-soft-sort and torchsort use for their
+      strength; ott-jax's ``epsilon`` (the entropic regularizer's scale) plays the
+      same role: here the regularizer is :math:`-l\,H_k(y)`.
+    axis: the axis along which to select (default -1).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
+      a ``DeprecationWarning``.
 
   Returns:
-    An array with the shape and dtype of ``x``.
+    An array with the shape and dtype of ``x``, entries in (0, 1) summing to ``k``
+    along ``axis``.
+
+  Raises:
+    TypeError: ``k`` is not a static Python int; the strength is given twice
+      (positionally, as ``regularization_strength`` or as ``l``); more than three
+      positional arguments.
+    ValueError: ``k`` outside ``[0, n]``; ``regularization_strength`` not finite
+      and > 0.
 
   Non-finite inputs: ``-inf`` entries get 0 (if at least ``k`` entries are finite;
   otherwise no k-subset has positive weight and the row is NaN). NaN or ``+inf``
@@ -191,15 +237,20 @@ def grad_topk(x, k: int, l=1.0, *, axis: int = -1):
 
   Example:
     >>> import jax.numpy as jnp
-    >>> y = grad_topk(jnp.array([3.0, 1.0, 2.0, 0.0]), k=2, l=0.1)
-    >>> [round(float(v), 3) for v in y]
-    [1.0, 0.0, 1.0, 0.0]
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([3.0, 1.0, 2.0, 0.0])
+    >>> jnp.round(itk.grad_topk(x, 2, regularization_strength=0.1), 3)
+    Array([1., 0., 1., 0.], dtype=float32)
+    >>> jnp.round(itk.grad_topk(x, 2), 2)  # default strength 1.0
+    Array([0.88, 0.31, 0.69, 0.12], dtype=float32)
   """
+  regularization_strength = _positional_strength(args, regularization_strength, "grad_topk")
+  l = _deprecation.strength(regularization_strength, l, "grad_topk")
   return _on_last_axis(_grad_topk_last_axis, x, k, l, axis, "grad_topk")
 
 
 # ---------------------------------------------------------------------------------------
-# Iterative softmax (Su's "Softmax Sequel" (Jianlin Su, kexue.fm), its first construction, and the weighted-softmax variant)
+# Iterative softmax (the first construction of Su's "Softmax Sequel", and the weighted-softmax variant)
 # ---------------------------------------------------------------------------------------
 
 
@@ -246,18 +297,23 @@ _VARIANTS = {"logits": jax.jit(_iterative_logits, static_argnums=1),
              "weighted": jax.jit(_iterative_weighted, static_argnums=1)}
 
 
-def iterative_softmax_topk(x, k: int, l=1.0, *, variant: str = "logits", axis: int = -1):
-  r"""Su's "Softmax Sequel" (Jianlin Su, kexue.fm): the iterative soft top-k: ``k`` rounds of softmax (a heuristic baseline).
+def iterative_softmax_topk(x: ArrayLike, k: int, *args: ArrayLike,
+                           regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
+                           variant: str = "logits", axis: int = -1,
+                           l: ArrayLike | None = None) -> jax.Array:
+  r"""The iterative soft top-k of Su's "Softmax Sequel": ``k`` rounds of softmax (a baseline).
 
-  ``variant="logits"`` (the seed author's construction), with
-  :math:`u = (x - \min_i x_i) / l` and :math:`p^{(0)} = 0`:
+  ``variant="logits"`` (the construction of Jianlin Su's blog post "Softmax Sequel:
+  Finding Smooth Approximations for Top-K", kexue.fm, 2024), with
+  :math:`l` = ``regularization_strength``, :math:`u = (x - \min_i x_i) / l` and
+  :math:`p^{(0)} = 0`:
 
   .. math::
 
       p^{(t)} = p^{(t-1)} + \mathrm{softmax}\big((1 - p^{(t-1)}) \odot u\big),
       \qquad t = 1, \dots, k .
 
-  ``variant="weighted"`` (the Stack Exchange answer the seed quotes):
+  ``variant="weighted"`` (the Stack Exchange answer the post quotes):
   :math:`p^{(t)} = p^{(t-1)} + \mathrm{softmax}(x / l;\ w = 1 - p^{(t-1)})`, with
   :math:`\mathrm{softmax}(u; w)_i = w_i e^{u_i} / \sum_j w_j e^{u_j}`.
 
@@ -289,12 +345,35 @@ def iterative_softmax_topk(x, k: int, l=1.0, *, variant: str = "logits", axis: i
     x: float array (float16/bfloat16 are computed in float32 and cast back).
     k: static Python int, 0 <= k <= n (the number of rounds; the method is not a
       map into the capped simplex, so ``k = n`` does not give all ones).
-    l: temperature > 0, scalar or broadcastable to the batch shape.
-    variant: ``"logits"`` or ``"weighted"``.
-    axis: the axis along which to select.
+    *args: deprecated: the strength as a third positional argument (the signature
+      before 0.2.0); warns with a ``DeprecationWarning``. At most one.
+    regularization_strength: :math:`l`, the softmax temperature, keyword-only,
+      finite and > 0 (default 1.0), a scalar or an array broadcastable to the batch
+      shape (the name fast-soft-sort and torchsort use; ott-jax's ``epsilon``).
+    variant: ``"logits"`` (default) or ``"weighted"``.
+    axis: the axis along which to select (default -1).
+    l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
+      a ``DeprecationWarning``.
 
   Returns:
-    An array with the shape and dtype of ``x``.
+    An array with the shape and dtype of ``x``, summing to ``k`` along ``axis``.
+
+  Raises:
+    TypeError: ``k`` is not a static Python int; the strength is given twice;
+      more than three positional arguments.
+    ValueError: ``k`` outside ``[0, n]``, ``regularization_strength`` not finite and
+      > 0, an unknown ``variant``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([0.0, 6.0, 0.0])
+    >>> y = itk.iterative_softmax_topk(x, 2)  # default strength 1.0
+    >>> [round(float(v), 2) for v in y]  # an entry above 1
+    [0.33, 1.34, 0.33]
   """
+  regularization_strength = _positional_strength(args, regularization_strength,
+                                                 "iterative_softmax_topk")
+  l = _deprecation.strength(regularization_strength, l, "iterative_softmax_topk")
   _validation.check_choice(variant, "variant", _VARIANTS)
   return _on_last_axis(_VARIANTS[variant], x, k, l, axis, "iterative_softmax_topk")

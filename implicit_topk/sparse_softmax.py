@@ -1,4 +1,4 @@
-r"""The k-sparse softmax of the Zeta library (`zeta.ops.sparse_softmax`), done as the exact projection it describes.
+r"""The k-sparse softmax of the Zeta library (``zeta.ops.sparse_softmax``), done as the exact projection it describes.
 
 .. math::
 
@@ -28,6 +28,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from implicit_topk import _apply
 from implicit_topk import _validation
@@ -62,7 +63,7 @@ def _sparse_softmax_last_axis(z, k: int):
   return jnp.where(bad, jnp.nan, p)
 
 
-def sparse_softmax(z, k: int, axis: int = -1):
+def sparse_softmax(z: ArrayLike, k: int, axis: int = -1) -> jax.Array:
   r"""Projection of ``z`` onto the probability simplex with at most ``k`` non-zeros.
 
   .. math::
@@ -71,7 +72,10 @@ def sparse_softmax(z, k: int, axis: int = -1):
       = \mathrm{sparsemax}(z_T) \text{ on } T,\ 0 \text{ elsewhere},
 
   :math:`T` the indices of the k largest entries (ties broken by index, lower index
-  first, as ``lax.top_k`` does). Always sums to 1 exactly (up to rounding) and has at
+  first, as ``lax.top_k`` does); sparsemax is Martins and Astudillo 2016, "From
+  softmax to sparsemax", ICML, and the projection Kyrillidis et al. 2013, "Sparse
+  projections onto the simplex", ICML. No regularization strength: the
+  projection has none (scale ``z`` to change how many entries share the mass). Always sums to 1 exactly (up to rounding) and has at
   most ``k`` non-zeros (fewer when sparsemax of the top k already drops some).
   ``k = n`` (or any ``k`` at least the support size of ``sparsemax(z)``) gives
   sparsemax; ``k = 1`` gives the one-hot argmax. Shift invariant:
@@ -97,19 +101,26 @@ def sparse_softmax(z, k: int, axis: int = -1):
   32 ms and 63 ms.
 
   Args:
-    z: float array (float16/bfloat16 are computed in float32 and cast back).
-    k: static Python int, 0 < k <= n.
-    axis: the axis along which to normalize.
+    z: float array (float16/bfloat16 are computed in float32 and cast back), at
+      least one dimension.
+    k: static Python int, 0 < k <= n (``n = z.shape[axis]``).
+    axis: the axis along which to normalize (default -1).
 
   Returns:
-    An array with the shape and dtype of ``z``.
+    An array with the shape and dtype of ``z``: non-negative, summing to 1 along
+    ``axis``, with at most ``k`` non-zeros per row.
+
+  Raises:
+    TypeError: ``z`` is not a float array or ``k`` not a static Python int.
+    ValueError: ``k`` outside ``(0, n]`` or ``axis`` out of range.
 
   Non-finite inputs: ``-inf`` entries get 0 (if a finite entry exists); NaN or
   ``+inf`` gives NaN in its row.
 
   Example:
     >>> import jax.numpy as jnp
-    >>> sparse_softmax(jnp.array([1.0, 0.9, 0.8, 0.7]), k=2)
+    >>> import implicit_topk as itk
+    >>> itk.sparse_softmax(jnp.array([1.0, 0.9, 0.8, 0.7]), 2)
     Array([0.55, 0.45, 0.  , 0.  ], dtype=float32)
   """
   z = _validation.as_float_input(z, "z")

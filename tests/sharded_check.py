@@ -57,9 +57,9 @@ def check_hlo(name, fn, *args):
 def operators(n):
   k = 0.005 * n + 0.5  # 40.5 at n = 8192
   return {
-      "mask": lambda z, **kw: itk.soft_topk_mask(z, k, l=0.1, **kw),
-      "mask_p2": lambda z, **kw: itk.soft_topk_mask(z, k, l=0.1, p=2.0, **kw),
-      "mag": lambda z, **kw: itk.soft_topk_mag(z, k, l=0.1, **kw),
+      "mask": lambda z, **kw: itk.soft_topk_mask(z, k, regularization_strength=0.1, **kw),
+      "mask_p2": lambda z, **kw: itk.soft_topk_mask(z, k, regularization_strength=0.1, p=2.0, **kw),
+      "mag": lambda z, **kw: itk.soft_topk_mag(z, k, regularization_strength=0.1, **kw),
   }
 
 
@@ -129,11 +129,11 @@ def group_shard_map(mesh, shapes=((4, 8192), (4, 64)), names=None, full=True):
         valid = jnp.arange(shape[-1]) < shape[-1] // 3
         where = jnp.broadcast_to(valid, shape)
         masked = jax.shard_map(
-            lambda z, wh: itk.soft_topk_mask(z, 2.5, l=0.1, where=wh, axis_name="d"),
+            lambda z, wh: itk.soft_topk_mask(z, 2.5, regularization_strength=0.1, where=wh, axis_name="d"),
             mesh=mesh, in_specs=(spec, spec), out_specs=spec)
         with jax.set_mesh(mesh):
           got = jax.jit(masked)(x, where)
-        compare(tag + " where", got, itk.soft_topk_mask(x0, 2.5, l=0.1, where=where),
+        compare(tag + " where", got, itk.soft_topk_mask(x0, 2.5, regularization_strength=0.1, where=where),
                 1e-10, 1e-12)
 
 
@@ -141,10 +141,10 @@ def group_errors(mesh):
   spec = P(None, "d")
   x = jax.device_put(jnp.ones((4, 64)), NamedSharding(mesh, spec))
   cases = {
-      "axis_name not in the mesh": (lambda z: itk.soft_topk_mask(z, 2.0, axis_name="e"),
+      "axis_name not in the mesh": (lambda z: itk.soft_topk_mask(z, 2.0, axis_name="e", regularization_strength=0.1),
                                     "`axis_name`='e' is not a mesh axis"),
       "axis_name with solver='pav'": (
-          lambda z: itk.soft_topk_mask(z, 2.0, axis_name="d", solver="pav"),
+          lambda z: itk.soft_topk_mask(z, 2.0, axis_name="d", solver="pav", regularization_strength=0.1),
           "solver='pav' sorts whole rows"),
   }
   for name, (fn, match) in cases.items():
@@ -156,12 +156,12 @@ def group_errors(mesh):
     except ValueError as e:
       report(match in str(e), f"error {name}", str(e)[:160])
   try:
-    itk.soft_topk_mask(jnp.ones((4, 64)), 2.0, axis_name="d")
+    itk.soft_topk_mask(jnp.ones((4, 64)), 2.0, axis_name="d", regularization_strength=0.1)
     report(False, "error axis_name outside shard_map", "no error")
   except ValueError as e:
     report("no mesh axis is bound" in str(e), "error axis_name outside shard_map", str(e)[:160])
   # a replicated input (not split over "d") is refused: its sums would count 8 times
-  mapped = jax.shard_map(lambda z: itk.soft_topk_mask(z, 2.0, axis_name="d"), mesh=mesh,
+  mapped = jax.shard_map(lambda z: itk.soft_topk_mask(z, 2.0, axis_name="d", regularization_strength=0.1), mesh=mesh,
                          in_specs=P(), out_specs=P())
   try:
     with jax.set_mesh(mesh):
@@ -184,10 +184,10 @@ def group_tree(mesh):
   flat0 = jnp.concatenate([leaf.ravel() for leaf in jax.tree.leaves(tree0)])
   n = flat0.size
   for name, tree_op, op in (
-      ("tree_mask", lambda t: itk.tree_soft_topk_mask(t, 0.1 * n + 0.5, l=0.1),
-       lambda v: itk.soft_topk_mask(v, 0.1 * n + 0.5, l=0.1)),
-      ("tree_mag", lambda t: itk.tree_soft_topk_mag(t, 0.1 * n + 0.5, l=0.1),
-       lambda v: itk.soft_topk_mag(v, 0.1 * n + 0.5, l=0.1))):
+      ("tree_mask", lambda t: itk.tree_soft_topk_mask(t, 0.1 * n + 0.5, regularization_strength=0.1),
+       lambda v: itk.soft_topk_mask(v, 0.1 * n + 0.5, regularization_strength=0.1)),
+      ("tree_mag", lambda t: itk.tree_soft_topk_mag(t, 0.1 * n + 0.5, regularization_strength=0.1),
+       lambda v: itk.soft_topk_mag(v, 0.1 * n + 0.5, regularization_strength=0.1))):
     with jax.set_mesh(mesh2):
       out = jax.jit(tree_op)(tree)
       grad = jax.jit(jax.grad(lambda t: sum(jnp.sum(jnp.cos(v) * y) for v, y in zip(

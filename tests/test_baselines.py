@@ -177,7 +177,7 @@ def test_ot_topk_is_a_sigmoid_topk_and_grads():
   u = jax.nn.sigmoid((x - x.mean(-1, keepdims=True)) / (x.std(-1, keepdims=True) + 1e-10))
   ours = B.ot_topk_mask(x, 2.5, epsilon=eps)
   np.testing.assert_allclose(ours.sum(-1), 2.5, atol=1e-8)
-  sig = itk.soft_topk_mask(u, 2.5, l=eps / 2, regularizer=itk.BinaryEntropy(), solver="threshold")
+  sig = itk.soft_topk_mask(u, 2.5, regularization_strength=eps / 2, regularizer=itk.BinaryEntropy(), solver="threshold")
   np.testing.assert_allclose(ours, sig, atol=1e-8)
   check_grads(lambda z: B.ot_topk_mask(z, 2, epsilon=0.1), (x,), order=1, modes=("rev",))
   plain = B.ot_topk_mask(x, 2, epsilon=0.1, polish=False, max_iter=5000)

@@ -84,16 +84,16 @@ def test_unrolled_sweeps_equal_the_while_loop_iterates():
 def test_dykstra_matches_pav_at_tol(n, ties):
   x = _rows(5 + n, (4, n), ties=ties)
   for k in (max(1.0, n / 10), n / 10 + 0.37):
-    y, info = itk.soft_topk_mask(x, k, l=0.3, p=2.0, solver="dykstra", tol=1e-6, return_info=True)
+    y, info = itk.soft_topk_mask(x, k, regularization_strength=0.3, p=2.0, solver="dykstra", tol=1e-6, return_info=True)
     assert np.all(info.iter_num < 10000) and np.all(info.residual <= 1e-6)
-    exact = itk.soft_topk_mask(x, k, l=0.3, p=2.0, solver="pav")
+    exact = itk.soft_topk_mask(x, k, regularization_strength=0.3, p=2.0, solver="pav")
     np.testing.assert_allclose(y, exact, atol=1e-5)
 
 
 @pytest.mark.slow
 def test_dykstra_implicit_gradient_matches_the_exact_one():
   x, w = _rows(6, (3, 300)), _rows(7, (3, 300))
-  f = lambda x, solver: jnp.sum(w * itk.soft_topk_mask(x, 30.4, l=0.5, p=2.0, solver=solver))
+  f = lambda x, solver: jnp.sum(w * itk.soft_topk_mask(x, 30.4, regularization_strength=0.5, p=2.0, solver=solver))
   np.testing.assert_allclose(jax.grad(f)(x, "dykstra"), jax.grad(f)(x, "pav"), atol=1e-5)
 
 
@@ -101,7 +101,7 @@ def test_dykstra_implicit_gradient_matches_the_exact_one():
 def test_dykstra_gradients_pass_check_grads(diff):
   x, w = _rows(8, (2, 9)), _rows(9, (2, 9))
   opts = dict(maxiter=400) if diff == "unrolled" else dict(tol=1e-12)
-  f = lambda x: jnp.sum(w * itk.soft_topk_mask(x, 3.5, l=0.7, p=2.0, solver="dykstra",
+  f = lambda x: jnp.sum(w * itk.soft_topk_mask(x, 3.5, regularization_strength=0.7, p=2.0, solver="dykstra",
                                                diff=diff, **opts))
   check_grads(f, (x,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
@@ -110,7 +110,7 @@ def test_dykstra_gradients_pass_check_grads(diff):
 @pytest.mark.parametrize("solver", ["dykstra", "threshold"])
 def test_unrolled_gradient_converges_to_the_implicit_one(solver):
   x, w = _rows(10, (2, 40)), _rows(11, (2, 40))
-  f = lambda x, **kw: jnp.sum(w * itk.soft_topk_mask(x, 6.5, l=0.5, p=2.0, solver=solver, **kw))
+  f = lambda x, **kw: jnp.sum(w * itk.soft_topk_mask(x, 6.5, regularization_strength=0.5, p=2.0, solver=solver, **kw))
   exact = jax.grad(f)(x)
   budgets = (3, 2000) if solver == "dykstra" else (1, 40)
   errors = [float(jnp.max(jnp.abs(jax.grad(functools.partial(f, diff="unrolled", maxiter=t))(x)
@@ -123,7 +123,7 @@ def test_gradients_wrt_k_and_l_match_finite_differences():
   x, w = _rows(12, (2, 30)), _rows(13, (2, 30))
 
   def f(k, l):
-    return jnp.sum(w * itk.soft_topk_mask(x, k, l=l, p=2.0, solver="dykstra", tol=1e-12))
+    return jnp.sum(w * itk.soft_topk_mask(x, k, regularization_strength=l, p=2.0, solver="dykstra", tol=1e-12))
 
   h = 1e-6
   np.testing.assert_allclose(jax.grad(f, 0)(5.3, 0.8), (f(5.3 + h, 0.8) - f(5.3 - h, 0.8)) / (2 * h),
@@ -135,13 +135,13 @@ def test_gradients_wrt_k_and_l_match_finite_differences():
 @pytest.mark.slow
 def test_dykstra_batch_axis_jit_vmap_and_float32():
   x = _rows(14, (3, 17, 5))
-  y = itk.soft_topk_mask(x, 4.0, l=0.4, p=2.0, solver="dykstra", axis=1)
-  np.testing.assert_allclose(y, itk.soft_topk_mask(x, 4.0, l=0.4, p=2.0, solver="pav", axis=1),
+  y = itk.soft_topk_mask(x, 4.0, regularization_strength=0.4, p=2.0, solver="dykstra", axis=1)
+  np.testing.assert_allclose(y, itk.soft_topk_mask(x, 4.0, regularization_strength=0.4, p=2.0, solver="pav", axis=1),
                              atol=1e-5)
-  fn = jax.jit(functools.partial(itk.soft_topk_mask, k=4.0, l=0.4, p=2.0, solver="dykstra"))
+  fn = jax.jit(functools.partial(itk.soft_topk_mask, k=4.0, regularization_strength=0.4, p=2.0, solver="dykstra"))
   rows = jnp.moveaxis(x, 1, -1)
   np.testing.assert_allclose(jax.vmap(fn)(rows), fn(rows), atol=1e-12)
-  y32 = itk.soft_topk_mask(rows.astype(jnp.float32), 4.0, l=0.4, p=2.0, solver="dykstra")
+  y32 = itk.soft_topk_mask(rows.astype(jnp.float32), 4.0, regularization_strength=0.4, p=2.0, solver="dykstra")
   assert y32.dtype == jnp.float32
   np.testing.assert_allclose(y32, fn(rows), atol=1e-4)
 
@@ -152,8 +152,8 @@ def test_dykstra_non_finite_inputs_follow_the_documented_rules():
                  [nan, 1.0, 0.5, 0.3, 0.2],
                  [inf, inf, inf, 0.5, 0.2],   # three at +inf, k = 2: no threshold
                  [-inf, -inf, -inf, -inf, 0.2]])
-  y = itk.soft_topk_mask(x, 2.0, l=0.3, p=2.0, solver="dykstra")
-  exact = itk.soft_topk_mask(x, 2.0, l=0.3, p=2.0, solver="pav")
+  y = itk.soft_topk_mask(x, 2.0, regularization_strength=0.3, p=2.0, solver="dykstra")
+  exact = itk.soft_topk_mask(x, 2.0, regularization_strength=0.3, p=2.0, solver="pav")
   np.testing.assert_allclose(y[0], exact[0], atol=1e-6)
   assert y[0, 0] == 1.0 and y[0, 3] == 0.0
   assert np.all(np.isnan(y[1:]))

@@ -27,7 +27,7 @@ MASK_SOLVERS = ["auto", "threshold", "pav"]
 @pytest.mark.parametrize("solver", MASK_SOLVERS)
 def test_large_p_with_tiny_k_is_exact(solver):
   # One entry active: y_0 = (0 - lam)^(1/9) = 1e-3  =>  lam = -1e-27; y_1 = 0.
-  y, info = itk.soft_topk_mask(jnp.array([0.0, -1.0], jnp.float64), 1e-3, l=1.0, p=10.0,
+  y, info = itk.soft_topk_mask(jnp.array([0.0, -1.0], jnp.float64), 1e-3, regularization_strength=1.0, p=10.0,
                                solver=solver, return_info=True)
   np.testing.assert_allclose(np.asarray(y), [1e-3, 0.0], rtol=1e-12, atol=0)
   assert float(info.residual) <= 1e-15
@@ -38,7 +38,7 @@ def test_large_p_with_tiny_k_is_exact(solver):
 def test_mask_is_shift_invariant_at_huge_offsets(solver):
   p = 2.0 if solver == "dykstra" else 4.0 / 3.0
   # x - 1e20 = (0, 0, -1e20, -1e20 + 1): two tied entries share k = 1.5 -> 0.75 each.
-  y = itk.soft_topk_mask(jnp.array([1e20, 1e20, 0.0, 1.0], jnp.float64), 1.5, l=1.0, p=p,
+  y = itk.soft_topk_mask(jnp.array([1e20, 1e20, 0.0, 1.0], jnp.float64), 1.5, regularization_strength=1.0, p=p,
                          solver=solver)
   np.testing.assert_allclose(np.asarray(y), [0.75, 0.75, 0.0, 0.0], rtol=1e-12, atol=0)
 
@@ -46,7 +46,7 @@ def test_mask_is_shift_invariant_at_huge_offsets(solver):
 @pytest.mark.parametrize("solver", MASK_SOLVERS)
 @pytest.mark.parametrize("top", [1e30, -1e30, 1e300, 3e38])
 def test_single_huge_entry_gets_k(solver, top):
-  y = itk.soft_topk_mask(jnp.array([top], jnp.float64), 0.5, l=1.0, solver=solver)
+  y = itk.soft_topk_mask(jnp.array([top], jnp.float64), 0.5, regularization_strength=1.0, solver=solver)
   np.testing.assert_allclose(np.asarray(y), [0.5], rtol=1e-12)
 
 
@@ -54,13 +54,13 @@ def test_shift_keeps_small_offsets_exact_in_float32():
   # Top entry 5 far from the threshold (-l / 2^(1/3) for the two zeros sharing k - 1):
   # the unshifted coordinates resolve it to a few ulps.
   x = jnp.array([0.0, 0.0, -5.0, 5.0], jnp.float32)
-  y = itk.soft_topk_mask(x, 2, l=1e-2)
+  y = itk.soft_topk_mask(x, 2, regularization_strength=1e-2)
   np.testing.assert_allclose(np.asarray(y), [0.5, 0.5, 0.0, 1.0], rtol=0, atol=4 * 2.0**-24)
 
 
 def test_beyond_float_resolution_is_reported_by_return_info():
   # The fractional entry is 2e308 below the top: no float threshold resolves it at l = 1.
-  y, info = itk.soft_topk_mask(jnp.array([1e308, -1e308], jnp.float64), 1.5, l=1.0,
+  y, info = itk.soft_topk_mask(jnp.array([1e308, -1e308], jnp.float64), 1.5, regularization_strength=1.0,
                                return_info=True)
   assert float(info.residual) > 0.1
   assert np.all(np.isfinite(np.asarray(y)))
@@ -76,9 +76,9 @@ def test_beyond_float_resolution_is_reported_by_return_info():
 ])
 def test_non_saturating_regularizers_take_their_limit(regularizer, x, k, expected):
   x = jnp.array(x, jnp.float64)
-  y = itk.soft_topk_mask(x, k, l=0.5, regularizer=regularizer)
+  y = itk.soft_topk_mask(x, k, regularization_strength=0.5, regularizer=regularizer)
   np.testing.assert_array_equal(np.asarray(y), expected)
-  g = jax.grad(lambda z: jnp.sum(itk.soft_topk_mask(z, k, l=0.5, regularizer=regularizer)
+  g = jax.grad(lambda z: jnp.sum(itk.soft_topk_mask(z, k, regularization_strength=0.5, regularizer=regularizer)
                                  * jnp.arange(z.size)))(x)
   assert np.all(np.isfinite(np.asarray(g)))
   finite = np.isfinite(np.asarray(x))
@@ -99,24 +99,24 @@ _SLOW = pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 4.0])
 def test_mask_k_rule(solver, regularizer, k):
   kwargs = dict(p=2.0) if regularizer == "p2" else dict(regularizer=regularizer)
-  y = itk.soft_topk_mask(X, k, l=0.5, solver=solver, **kwargs)
+  y = itk.soft_topk_mask(X, k, regularization_strength=0.5, solver=solver, **kwargs)
   np.testing.assert_array_equal(np.asarray(y), np.full(X.shape, 1.0 if k else 0.0))
-  g = jax.grad(lambda z: jnp.sum(itk.soft_topk_mask(z, k, l=0.5, solver=solver, **kwargs)
+  g = jax.grad(lambda z: jnp.sum(itk.soft_topk_mask(z, k, regularization_strength=0.5, solver=solver, **kwargs)
                                  * jnp.arange(4.0)))(X)
   np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
 def test_magnitude_k_rule(solver):
-  np.testing.assert_array_equal(np.asarray(itk.soft_topk_mag(X, 4, l=0.5, solver=solver)), X)
-  np.testing.assert_array_equal(np.abs(np.asarray(itk.soft_topk_mag(X, 0, l=0.5, solver=solver))), 0)
-  g = jax.grad(lambda z: jnp.sum(itk.soft_topk_mag(z, 4, l=0.5, solver=solver) * jnp.arange(4.0)))(X)
+  np.testing.assert_array_equal(np.asarray(itk.soft_topk_mag(X, 4, regularization_strength=0.5, solver=solver)), X)
+  np.testing.assert_array_equal(np.abs(np.asarray(itk.soft_topk_mag(X, 0, regularization_strength=0.5, solver=solver))), 0)
+  g = jax.grad(lambda z: jnp.sum(itk.soft_topk_mag(z, 4, regularization_strength=0.5, solver=solver) * jnp.arange(4.0)))(X)
   np.testing.assert_array_equal(np.asarray(g), np.broadcast_to(np.arange(4.0), X.shape))
 
 
 def test_other_operators_follow_the_k_rule():
   ones, zeros = np.ones(X.shape), np.zeros(X.shape)
-  for op in (itk.hard_topk_mask, lambda x, k: itk.grad_topk(x, k, l=0.5)):
+  for op in (itk.hard_topk_mask, lambda x, k: itk.grad_topk(x, k, regularization_strength=0.5)):
     np.testing.assert_array_equal(np.asarray(op(X, 4)), ones)
     np.testing.assert_array_equal(np.asarray(op(X, 0)), zeros)
   np.testing.assert_array_equal(np.asarray(itk.hard_topk_mag(X, 4)), X)
@@ -130,16 +130,16 @@ def test_other_operators_follow_the_k_rule():
 def test_traced_bad_l_or_k_give_nan():
   x = jnp.linspace(-1.0, 1.0, 7)
   for l in (-1.0, 0.0):
-    assert np.all(np.isnan(np.asarray(jax.jit(lambda l: itk.soft_topk_mask(x, 2.5, l=l))(l))))
+    assert np.all(np.isnan(np.asarray(jax.jit(lambda l: itk.soft_topk_mask(x, 2.5, regularization_strength=l))(l))))
   for k in (-0.5, 7.5):
-    assert np.all(np.isnan(np.asarray(jax.jit(lambda k: itk.soft_topk_mask(x, k))(k))))
+    assert np.all(np.isnan(np.asarray(jax.jit(lambda k: itk.soft_topk_mask(x, k, regularization_strength=0.1))(k))))
 
 
 # -- errors name the argument -----------------------------------------------------------
 @pytest.mark.parametrize("call, error, match", [
     (lambda: itk.soft_topk_mask(jnp.ones((3, 5)), jnp.ones((3, 1))), ValueError, "`k` must be a scalar or broadcast"),
-    (lambda: itk.soft_topk_mag(jnp.ones((3, 5)), 2, l=jnp.ones((3, 1))), ValueError, "`l` must be a scalar or broadcast"),
-    (lambda: itk.grad_topk(jnp.ones((3, 5)), 2, l=jnp.ones((3, 1))), ValueError, "`l` must be a scalar or broadcast"),
+    (lambda: itk.soft_topk_mag(jnp.ones((3, 5)), 2, regularization_strength=jnp.ones((3, 1))), ValueError, "`regularization_strength` must be a scalar or broadcast"),
+    (lambda: itk.grad_topk(jnp.ones((3, 5)), 2, regularization_strength=jnp.ones((3, 1))), ValueError, "`regularization_strength` must be a scalar or broadcast"),
     (lambda: itk.soft_topk_values(jnp.ones(5), 2.5), TypeError, "`topk` must be a Python int"),
     (lambda: itk.soft_topk_mask(jnp.ones(5), 5.5), ValueError, "0 <= k <= n with n=5"),
     (lambda: itk.hard_topk_mask(jnp.ones(5), -1), ValueError, "0 <= k <= n"),

@@ -160,7 +160,7 @@ def _reg_kw(reg, p):
 
 
 def mask(x, k, l, *, p=4.0 / 3.0, reg=None, solver="threshold", axis=-1, **kw):
-  return itk.soft_topk_mask(x, k, l=l, solver=solver, axis=axis, **_reg_kw(reg, p), **kw)
+  return itk.soft_topk_mask(x, k, regularization_strength=l, solver=solver, axis=axis, **_reg_kw(reg, p), **kw)
 
 
 # ---------------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def test_mask_sweep_regularizers(reg, solver, data):
   l = scale * data.draw(st.lists(log_uniform(-8, 8), min_size=B, max_size=B).map(np.array), label="l")
   if reg == "pnorm_object":
     p = data.draw(st.sampled_from((1.1, 4.0 / 3.0, 2.0, 3.0)), label="p")
-    y = itk.soft_topk_mask(x, k, l=l, regularizer=itk.PNorm(p), solver=solver)
+    y = itk.soft_topk_mask(x, k, regularization_strength=l, regularizer=itk.PNorm(p), solver=solver)
     assert_close(y, R.soft_topk_mask(x, k, l, p), mtol(x, k, l, p, eps=U64), "PNorm object")
   else:
     _check_mask(x, k, l, p=2.0, reg=reg, solver=solver)
@@ -298,7 +298,7 @@ def test_mask_dykstra_certified_l1(data):
   x = data.draw(unit_rows(n), label="x")
   k = data.draw(k_rows(n), label="k")
   l = data.draw(st.lists(log_uniform(-2, 2), min_size=B, max_size=B).map(np.array), label="l")
-  y, info = itk.soft_topk_mask(x, k, l=l, p=2.0, solver="dykstra", return_info=True)
+  y, info = itk.soft_topk_mask(x, k, regularization_strength=l, p=2.0, solver="dykstra", return_info=True)
   ref = R.soft_topk_mask(x, k, l, 2.0)
   tol = mtol(x, k, l, 2.0, eps=U64)
   l1 = np.abs(np.asarray(y) - ref).sum(-1)
@@ -349,14 +349,14 @@ def test_l_at_or_beyond_max_strength(dtype, upper):
   divides through 1 / l, which is 0 beyond (y = 0 rows, sum y != k). A concrete l there is
   an error naming it; a traced one gives NaN rows; just below, the exact answer."""
   x = np.array([0.0, 1.0], dtype)
-  with pytest.raises(ValueError, match=r"`l` must satisfy 0 < l <"):
-    itk.soft_topk_mask(x, 1.0, l=upper)
-  with pytest.raises(ValueError, match=r"`l` must satisfy 0 < l <"):
-    itk.soft_topk_mag(x, 1.0, l=upper)
-  traced = jax.jit(lambda l: itk.soft_topk_mask(x, 1.0, l=l))
+  with pytest.raises(ValueError, match=r"`regularization_strength` must satisfy 0 < regularization_strength <"):
+    itk.soft_topk_mask(x, 1.0, regularization_strength=upper)
+  with pytest.raises(ValueError, match=r"`regularization_strength` must satisfy 0 < regularization_strength <"):
+    itk.soft_topk_mag(x, 1.0, regularization_strength=upper)
+  traced = jax.jit(lambda l: itk.soft_topk_mask(x, 1.0, regularization_strength=l))
   assert np.all(np.isnan(np.asarray(traced(jnp.asarray(upper, jnp.float32 if upper < 1e300 else jnp.float64)),
                                     np.float64)))
-  below = np.asarray(itk.soft_topk_mask(x, 1.0, l=upper / 2), np.float64)
+  below = np.asarray(itk.soft_topk_mask(x, 1.0, regularization_strength=upper / 2), np.float64)
   # by symmetry y = (0.5, 0.5), up to the rounding of lam and of the cube in y = z^3
   np.testing.assert_allclose(below, [0.5, 0.5], rtol=0, atol=8 * np.finfo(np.float64 if upper > 1e300 else np.float32).eps)
 
@@ -527,16 +527,16 @@ def test_3d_each_axis_sweep(op, data):
     assert_close(y, R.soft_topk_mask(x, k, 0.3, 2.0, reg, axis=axis),
                  mtol(x, k, 0.3, 2.0, reg, axis=axis, eps=U64), op)
   else:
-    y = itk.soft_topk_mag(x, k, l=0.3, p=1.5, solver=op.split("_")[1], axis=axis)
+    y = itk.soft_topk_mag(x, k, regularization_strength=0.3, p=1.5, solver=op.split("_")[1], axis=axis)
     assert_close(y, R.soft_topk_mag(x, k, 0.3, 1.5, axis=axis),
                  R.mag_tolerance(x, k, 0.3, 1.5, eps=U64, axis=axis), op)
 
 
 _ROW_OPS = {
-    "mask": lambda r, kk, ll: itk.soft_topk_mask(r, kk, l=ll, solver="threshold"),
-    "mask_pav": lambda r, kk, ll: itk.soft_topk_mask(r, kk, l=ll, solver="pav"),
-    "mag": lambda r, kk, ll: itk.soft_topk_mag(r, kk, l=ll, solver="threshold"),
-    "grad_topk": lambda r, kk, ll: itk.grad_topk(r, 2, ll),
+    "mask": lambda r, kk, ll: itk.soft_topk_mask(r, kk, regularization_strength=ll, solver="threshold"),
+    "mask_pav": lambda r, kk, ll: itk.soft_topk_mask(r, kk, regularization_strength=ll, solver="pav"),
+    "mag": lambda r, kk, ll: itk.soft_topk_mag(r, kk, regularization_strength=ll, solver="threshold"),
+    "grad_topk": lambda r, kk, ll: itk.grad_topk(r, 2, regularization_strength=ll),
     "sparse_softmax": lambda r, kk, ll: itk.sparse_softmax(r * ll, 3),
     "soft_sort": lambda r, kk, ll: itk.soft_sort(r, l=ll),
 }
@@ -702,7 +702,7 @@ def _mag_min_abs(solver):
 
 
 def _check_mag(x, k, l, p, solver, eps=U64, **kw):
-  y = np.asarray(itk.soft_topk_mag(x, k, l=l, p=p, solver=solver, **kw))
+  y = np.asarray(itk.soft_topk_mag(x, k, regularization_strength=l, p=p, solver=solver, **kw))
   ref = R.soft_topk_mag(x, k, l, p)
   assert_close(y, ref, R.mag_tolerance(x, k, l, p, eps=eps), f"soft_topk_mag({solver}, p={p})")
   return y
@@ -751,7 +751,7 @@ def test_mag_properties(solver, data):
   x = data.draw(unit_rows(n, min_abs=_mag_min_abs(solver)), label="x")
   k = data.draw(k_rows(n), label="k")
   l = data.draw(st.lists(log_uniform(-2, 1), min_size=B, max_size=B).map(np.array), label="l")
-  f = lambda x_, l_=l, k_=k: np.asarray(itk.soft_topk_mag(x_, k_, l=l_, p=p, solver=solver))
+  f = lambda x_, l_=l, k_=k: np.asarray(itk.soft_topk_mag(x_, k_, regularization_strength=l_, p=p, solver=solver))
   y = f(x)
   tol = R.mag_tolerance(x, k, l, p, eps=U64)
   assert_close(f(-x), -y, 2 * tol, "odd")
@@ -815,7 +815,7 @@ def test_mag_jvp_vs_finite_differences(solver, data):
   s0 = state(x, l)
   for t in (-1e-3, -2 * h, 2 * h, 1e-3):
     assume(np.array_equal(state(x + t * vx, l + t * vl), s0))
-  f = lambda x_, l_: itk.soft_topk_mag(x_, k, l=l_, p=p, solver=solver)
+  f = lambda x_, l_: itk.soft_topk_mag(x_, k, regularization_strength=l_, p=p, solver=solver)
   _, tangent = jax.jvp(f, (jnp.asarray(x), jnp.asarray(l)), (jnp.asarray(vx), jnp.asarray(vl)))
   fd = _central(lambda t: R.soft_topk_mag(x + t * vx, k, l + t * vl, p), h)
   np.testing.assert_allclose(np.asarray(tangent), fd, atol=1e-6, rtol=1e-5)
@@ -1019,7 +1019,7 @@ def test_fast_grad_topk_vs_brute_force(data):
   x = data.draw(unit_rows(n), label="x")
   k = 2  # static: one compilation (the sweep draws k)
   l = data.draw(log_uniform(-1, 1), label="l")
-  y = np.asarray(itk.grad_topk(x, k, l))
+  y = np.asarray(itk.grad_topk(x, k, regularization_strength=l))
   ref = np.stack([R.grad_topk_row(r, k, l) for r in x])
   assert_close(y, ref, 64 * U64 * (1 + np.abs(x).max() / l), "grad_topk")
 
@@ -1036,7 +1036,7 @@ def test_grad_topk_sweep(data):
   spread = data.draw(log_uniform(-2, 3), label="|x|/l")
   l = 1.0 / spread
   ref = np.stack([R.grad_topk_row(r, k, l) for r in x])
-  y = np.asarray(itk.grad_topk(x, k, l))
+  y = np.asarray(itk.grad_topk(x, k, regularization_strength=l))
   # the DP is a log-sum-exp of positive terms: relative error ~ n k u in each weight,
   # times the spread of the exponents (|x|/l) in absolute terms
   finite = np.where(np.isfinite(x), np.abs(x), 0)
@@ -1044,7 +1044,7 @@ def test_grad_topk_sweep(data):
   assert_close(y, ref, tol, "grad_topk float64")
   fin = np.all(np.isfinite(ref), -1)
   np.testing.assert_allclose(y[fin].sum(-1), k, rtol=1e-12)
-  y32 = np.asarray(itk.grad_topk(x.astype(np.float32), k, l))
+  y32 = np.asarray(itk.grad_topk(x.astype(np.float32), k, regularization_strength=l))
   x32 = x.astype(np.float32).astype(np.float64)
   ref32 = np.stack([R.grad_topk_row(r, k, l) for r in x32])
   # float32: the same bound with u32, and the output rounded (<= u32)
@@ -1061,12 +1061,12 @@ def test_grad_topk_jvp_and_properties(data):
   x = data.draw(unit_rows(n, continuous_only=True), label="x")
   v = data.draw(unit_rows(n, continuous_only=True), label="v")
   l = data.draw(st.floats(0.2, 3.0), label="l")
-  _, tangent = jax.jvp(lambda x_: itk.grad_topk(x_, k, l), (jnp.asarray(x),), (jnp.asarray(v),))
+  _, tangent = jax.jvp(lambda x_: itk.grad_topk(x_, k, regularization_strength=l), (jnp.asarray(x),), (jnp.asarray(v),))
   fd = _central(lambda t: np.stack([R.grad_topk_row(r, k, l) for r in x + t * v]), 1e-6)
   np.testing.assert_allclose(np.asarray(tangent), fd, atol=1e-7, rtol=1e-6)
-  y = np.asarray(itk.grad_topk(x, k, l))
+  y = np.asarray(itk.grad_topk(x, k, regularization_strength=l))
   c = data.draw(st.floats(-1e3, 1e3), label="c")
-  np.testing.assert_allclose(np.asarray(itk.grad_topk(x + c, k, l)), y, atol=1e-10)  # shift invariant
+  np.testing.assert_allclose(np.asarray(itk.grad_topk(x + c, k, regularization_strength=l)), y, atol=1e-10)  # shift invariant
   if k == 1:
     np.testing.assert_allclose(y, np.asarray(jax.nn.softmax(x / l, -1)), atol=1e-14)
 
@@ -1080,7 +1080,7 @@ def test_iterative_softmax_vs_decimal(variant, data):
   k = data.draw(st.integers(1, n - 1), label="k")
   x = data.draw(unit_rows(n), label="x")
   l = data.draw(log_uniform(-0.5, 1), label="l")
-  y = np.asarray(itk.iterative_softmax_topk(x, k, l, variant=variant))
+  y = np.asarray(itk.iterative_softmax_topk(x, k, regularization_strength=l, variant=variant))
   ref = np.stack([R.iterative_softmax_row(r, k, l, variant) for r in x])
   # k rounds of a softmax of exponents up to |x|/l (<= 8 / 0.3): relative error per round ~
   # n u (1 + |u|); the weighted variant divides by <w, e> (its weights cancel: conditioning
@@ -1322,10 +1322,10 @@ def test_k_zero_and_n(op):
     f = lambda x_, k_: mask(x_, k_, 0.5, **kw)
     full, empty = ones, zeros
   elif op.startswith("mag"):
-    f = lambda x_, k_: itk.soft_topk_mag(x_, k_, l=0.5, solver="pav" if op == "mag_pav" else "threshold")
+    f = lambda x_, k_: itk.soft_topk_mag(x_, k_, regularization_strength=0.5, solver="pav" if op == "mag_pav" else "threshold")
     full, empty = x, zeros
   elif op == "grad_topk":
-    f = lambda x_, k_: itk.grad_topk(x_, int(k_), 0.5)
+    f = lambda x_, k_: itk.grad_topk(x_, int(k_), regularization_strength=0.5)
     full, empty = ones, zeros
   elif op == "hard_mask":
     f = lambda x_, k_: itk.hard_topk_mask(x_, int(k_))
@@ -1334,7 +1334,7 @@ def test_k_zero_and_n(op):
     f = lambda x_, k_: itk.hard_topk_mag(x_, int(k_))
     full, empty = x, zeros
   else:
-    f = lambda x_, k_: itk.iterative_softmax_topk(x_, int(k_), 0.5)
+    f = lambda x_, k_: itk.iterative_softmax_topk(x_, int(k_), regularization_strength=0.5)
     full, empty = None, zeros  # k = n rounds are not all ones (not a capped-simplex map)
   if full is not None:
     assert_close(f(x, 3), full, 0.0, f"{op} k = n")

@@ -63,7 +63,7 @@ def test_jaxopt_backend_gradient_equals_lax(solver):
 
   def loss(backend):
     def f(x, k, l):
-      y = itk.soft_topk_mask(x, k, l=l, solver=solver, implicit_diff_backend=backend)
+      y = itk.soft_topk_mask(x, k, regularization_strength=l, solver=solver, implicit_diff_backend=backend)
       return jnp.sum(w * y)
     return jax.grad(f, argnums=(0, 1, 2))
 

@@ -39,7 +39,7 @@ _SETTINGS = settings(max_examples=15, deadline=None, print_blob=True,
 @functools.lru_cache(maxsize=None)
 def _fn(solver, p, **options):
   """jit of soft_topk_mag with k and l traced (one compilation per solver, p, shape)."""
-  return jax.jit(lambda x, k, l: itk.soft_topk_mag(x, k, l=l, p=p, solver=solver, **options))
+  return jax.jit(lambda x, k, l: itk.soft_topk_mag(x, k, regularization_strength=l, p=p, solver=solver, **options))
 
 
 def mag(x, k, l, *, p, solver, **options):
@@ -264,13 +264,13 @@ def test_check_grads_fwd_and_rev(solver, p):
 @pytest.mark.slow
 def test_dykstra_gradient_matches_exact():
   x = jnp.asarray(_rows(6, (3, 9)))
-  f = lambda x, solver, **kw: jnp.sum(jnp.sin(itk.soft_topk_mag(x, 2.5, l=0.3, p=2.0, solver=solver, **kw)))
+  f = lambda x, solver, **kw: jnp.sum(jnp.sin(itk.soft_topk_mag(x, 2.5, regularization_strength=0.3, p=2.0, solver=solver, **kw)))
   np.testing.assert_allclose(jax.grad(f)(x, "dykstra", tol=1e-10), jax.grad(f)(x, "pav"), atol=1e-6)
 
 
 def test_kept_entries_have_unit_derivative_and_dropped_zero():
   x = jnp.array([4.0, -0.1, 3.0, 0.2, -5.0])
-  jac = jax.jacobian(lambda x: itk.soft_topk_mag(x, 3, l=1e-2))(x)
+  jac = jax.jacobian(lambda x: itk.soft_topk_mag(x, 3, regularization_strength=1e-2))(x)
   np.testing.assert_array_equal(jac, np.diag([1.0, 0, 1, 0, 1]))
 
 
@@ -364,8 +364,8 @@ def test_errors():
     itk.soft_topk_mag(x, 5.5)
   with pytest.raises(ValueError, match="0 <= k <= n"):
     itk.soft_topk_mag(x, -1)
-  with pytest.raises(ValueError, match="`l`"):
-    itk.soft_topk_mag(x, 2, l=0.0)
+  with pytest.raises(ValueError, match="`regularization_strength`"):
+    itk.soft_topk_mag(x, 2, regularization_strength=0.0)
   with pytest.raises(ValueError, match="`p`"):
     itk.soft_topk_mag(x, 2, p=1.0)
   with pytest.raises(ValueError, match="axis"):
@@ -386,17 +386,17 @@ def test_dtypes_axis_jit_vmap(solver):
   x = _rows(7, (3, 5, 8))
   ref = mag(x, 2.5, 0.2, p=4 / 3, solver=solver)
   for dtype, atol in ((jnp.float32, 1e-4), (jnp.bfloat16, 1e-1)):
-    out = itk.soft_topk_mag(jnp.asarray(x, dtype), 2.5, l=0.2, solver=solver)
+    out = itk.soft_topk_mag(jnp.asarray(x, dtype), 2.5, regularization_strength=0.2, solver=solver)
     assert out.dtype == dtype
     np.testing.assert_allclose(np.asarray(out, np.float64), ref, atol=atol)
-  moved = itk.soft_topk_mag(jnp.asarray(np.moveaxis(x, -1, 1)), 2.5, l=0.2, axis=1, solver=solver)
+  moved = itk.soft_topk_mag(jnp.asarray(np.moveaxis(x, -1, 1)), 2.5, regularization_strength=0.2, axis=1, solver=solver)
   np.testing.assert_allclose(np.moveaxis(np.asarray(moved), 1, -1), ref, atol=1e-12)
   # vmap, with per-row k
   k = jnp.asarray([[1.0], [2.5], [4.0]]) * jnp.ones((3, 5))
-  f = lambda r, k: itk.soft_topk_mag(r, k, l=0.2, solver=solver)
+  f = lambda r, k: itk.soft_topk_mag(r, k, regularization_strength=0.2, solver=solver)
   out = jax.jit(jax.vmap(f))(jnp.asarray(x), k)
   np.testing.assert_allclose(out[1], ref[1], atol=1e-12)
-  np.testing.assert_allclose(out, itk.soft_topk_mag(jnp.asarray(x), k, l=0.2, solver=solver), atol=1e-12)
+  np.testing.assert_allclose(out, itk.soft_topk_mag(jnp.asarray(x), k, regularization_strength=0.2, solver=solver), atol=1e-12)
 
 
 def test_no_n_by_n_intermediate():
@@ -404,7 +404,7 @@ def test_no_n_by_n_intermediate():
   x = jnp.ones((2, n))
 
   def loss(x):
-    return jnp.sum(itk.soft_topk_mag(x, 3.5, l=0.1, solver="threshold") ** 2)
+    return jnp.sum(itk.soft_topk_mag(x, 3.5, regularization_strength=0.1, solver="threshold") ** 2)
 
   for fn in (loss, jax.grad(loss)):
     jaxpr = jax.make_jaxpr(fn)(x)
@@ -423,5 +423,5 @@ def test_no_n_by_n_intermediate():
 @pytest.mark.slow
 def test_jaxopt_backend_gives_the_same_gradient():
   x = jnp.asarray(_rows(8, (2, 7)))
-  f = lambda x, backend: jnp.sum(jnp.sin(itk.soft_topk_mag(x, 2.5, l=0.3, implicit_diff_backend=backend)))
+  f = lambda x, backend: jnp.sum(jnp.sin(itk.soft_topk_mag(x, 2.5, regularization_strength=0.3, implicit_diff_backend=backend)))
   np.testing.assert_allclose(jax.grad(f)(x, "jaxopt"), jax.grad(f)(x, "lax"), atol=1e-14)

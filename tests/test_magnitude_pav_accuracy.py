@@ -142,7 +142,7 @@ def _check(x, k, l, p, *, lam_ulps, out_ulps):
     upper, noise_lo = ref.output(max(ref.lam - delta, Decimal(0)))  # out is nonincreasing
     lower, noise_hi = ref.output(ref.lam + delta)                   # in lam (in |out|)
   # jit: with a new static p each time, one compilation is cheaper than eager dispatch
-  out = jax.jit(lambda x, k, l: itk.soft_topk_mag(x, k, l=l, p=p, solver="pav"))(
+  out = jax.jit(lambda x, k, l: itk.soft_topk_mag(x, k, regularization_strength=l, p=p, solver="pav"))(
       x, jnp.asarray(k, dtype), jnp.asarray(l, dtype))
   out = np.asarray(out, np.float64)
   slack = out_ulps * eps * np.maximum(noise_lo, noise_hi) + tiny

@@ -89,7 +89,7 @@ def assert_close_cond(actual, desired, l, p, delta, floor=1e-10):
 
 @functools.lru_cache(maxsize=None)
 def _mask_fn(solver, p):
-  return jax.jit(lambda x, k, l: itk.soft_topk_mask(x, k, l=l, p=p, solver=solver))
+  return jax.jit(lambda x, k, l: itk.soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver))
 
 
 def _solver_obj(solver, p):

@@ -60,7 +60,7 @@ def _slsqp_mask(x, k, l, name):
 @pytest.mark.parametrize("k", [1.0, 2.0, 3.7])
 def test_matches_an_independent_root_and_the_primal_problem(name, solver, k):
   x = _rows(0, (4, 9))
-  y = np.asarray(itk.soft_topk_mask(x, k, l=0.7, regularizer=name, solver=solver))
+  y = np.asarray(itk.soft_topk_mask(x, k, regularization_strength=0.7, regularizer=name, solver=solver))
   for row, x_row in zip(y, np.asarray(x)):
     np.testing.assert_allclose(row, _brent_mask(x_row, k, 0.7, name), atol=1e-12)
     np.testing.assert_allclose(row, _slsqp_mask(x_row, k, 0.7, name), atol=2e-5)
@@ -70,7 +70,7 @@ def test_matches_an_independent_root_and_the_primal_problem(name, solver, k):
 def test_k1_entropy_is_softmax(solver):
   x = _rows(1, (3, 11), scale=3.0)
   for l in (0.1, 1.0, 10.0):
-    y = itk.soft_topk_mask(x, 1, l=l, regularizer="entropy", solver=solver)
+    y = itk.soft_topk_mask(x, 1, regularization_strength=l, regularizer="entropy", solver=solver)
     np.testing.assert_allclose(y, jax.nn.softmax(x / l, axis=-1), atol=1e-12, rtol=1e-12)
 
 
@@ -84,7 +84,7 @@ def _numpy_sparsemax(z):
 @pytest.mark.parametrize("solver", ["threshold", pytest.param("pav", marks=pytest.mark.slow)])
 def test_k1_p2_is_sparsemax(solver):
   x = _rows(2, (4, 13))
-  y = itk.soft_topk_mask(x, 1, l=0.5, p=2.0, solver=solver)
+  y = itk.soft_topk_mask(x, 1, regularization_strength=0.5, p=2.0, solver=solver)
   for row, x_row in zip(np.asarray(y), np.asarray(x)):
     np.testing.assert_allclose(row, _numpy_sparsemax(x_row / 0.5), atol=1e-12)
 
@@ -93,9 +93,9 @@ def test_k1_p2_is_sparsemax(solver):
     "name", [n if n == "sigmoid" else pytest.param(n, marks=pytest.mark.slow) for n in NAMES])
 def test_gradients_pass_check_grads(name):
   x, w = _rows(3, (2, 8)), _rows(4, (2, 8))
-  f = lambda x: jnp.sum(w * itk.soft_topk_mask(x, 2.5, l=0.6, regularizer=name, solver="threshold"))
+  f = lambda x: jnp.sum(w * itk.soft_topk_mask(x, 2.5, regularization_strength=0.6, regularizer=name, solver="threshold"))
   check_grads(f, (x,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
-  g = lambda k, l: jnp.sum(w * itk.soft_topk_mask(x, k, l=l, regularizer=name, solver="threshold"))
+  g = lambda k, l: jnp.sum(w * itk.soft_topk_mask(x, k, regularization_strength=l, regularizer=name, solver="threshold"))
   check_grads(g, (2.5, 0.6), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
@@ -106,8 +106,8 @@ def test_pav_and_threshold_agree(name, seed, l):
   rng = np.random.default_rng(seed)
   x = jnp.asarray(np.round(rng.normal(size=(3, 12)) * 2, 1))  # ties and duplicates
   k = jnp.asarray([1.0, float(rng.integers(2, 11)), float(rng.uniform(0.2, 11.8))])
-  y_pav = itk.soft_topk_mask(x, k, l=l, regularizer=name, solver="pav")
-  y_thr = itk.soft_topk_mask(x, k, l=l, regularizer=name, solver="threshold")
+  y_pav = itk.soft_topk_mask(x, k, regularization_strength=l, regularizer=name, solver="pav")
+  y_thr = itk.soft_topk_mask(x, k, regularization_strength=l, regularizer=name, solver="threshold")
   np.testing.assert_allclose(y_pav, y_thr, atol=1e-10, rtol=0)
 
 
@@ -125,7 +125,7 @@ def test_feasible_monotone_and_shift_invariant(name, seed, l, shift):
   n = int(rng.integers(2, 12))
   x = jnp.asarray(np.round(rng.normal(size=n) * 3, 1))  # ties included
   k = float(rng.uniform(0.1, n - 0.1))
-  f = lambda x: itk.soft_topk_mask(x, k, l=l, regularizer=name, solver="threshold")
+  f = lambda x: itk.soft_topk_mask(x, k, regularization_strength=l, regularizer=name, solver="threshold")
   y = np.asarray(f(x))
   assert np.all((y >= 0) & (y <= 1)) and abs(y.sum() - k) <= 1e-9 * n
   order = np.argsort(np.asarray(x))
@@ -137,9 +137,9 @@ def test_feasible_monotone_and_shift_invariant(name, seed, l, shift):
 def test_limits_small_and_large_l(name):
   x = jnp.asarray([3.0, -1.0, 2.0, 0.5, -2.0])
   hard = np.asarray(itk.hard_topk_mask(x, 2))
-  np.testing.assert_allclose(itk.soft_topk_mask(x, 2, l=1e-3, regularizer=name, solver="threshold"),
+  np.testing.assert_allclose(itk.soft_topk_mask(x, 2, regularization_strength=1e-3, regularizer=name, solver="threshold"),
                              hard, atol=1e-12)
-  np.testing.assert_allclose(itk.soft_topk_mask(x, 2, l=1e6, regularizer=name, solver="threshold"),
+  np.testing.assert_allclose(itk.soft_topk_mask(x, 2, regularization_strength=1e6, regularizer=name, solver="threshold"),
                              np.full(5, 0.4), atol=1e-5)
 
 
@@ -147,8 +147,8 @@ def test_limits_small_and_large_l(name):
     "name", [n if n == "entropy" else pytest.param(n, marks=pytest.mark.slow) for n in NAMES])
 def test_float32_and_batch_axis(name):
   x = _rows(5, (3, 10, 2))
-  y64 = itk.soft_topk_mask(x, 3.0, l=0.5, regularizer=name, axis=1)
-  y32 = itk.soft_topk_mask(x.astype(jnp.float32), 3.0, l=0.5, regularizer=name, axis=1)
+  y64 = itk.soft_topk_mask(x, 3.0, regularization_strength=0.5, regularizer=name, axis=1)
+  y32 = itk.soft_topk_mask(x.astype(jnp.float32), 3.0, regularization_strength=0.5, regularizer=name, axis=1)
   assert y32.dtype == jnp.float32 and y32.shape == x.shape
   np.testing.assert_allclose(y32, y64, atol=2e-6)
   np.testing.assert_allclose(jnp.sum(y64, axis=1), 3.0, atol=1e-12)
@@ -157,14 +157,14 @@ def test_float32_and_batch_axis(name):
 def test_non_finite_inputs_with_dense_regularizers():
   inf = jnp.inf
   x = jnp.array([[inf, 1.0, 0.0, -inf], [inf, inf, 0.0, 1.0], [1.0, jnp.nan, 0.0, 2.0]])
-  y = itk.soft_topk_mask(x, 2.0, l=0.5, regularizer="sigmoid")
+  y = itk.soft_topk_mask(x, 2.0, regularization_strength=0.5, regularizer="sigmoid")
   assert y[0, 0] == 1.0 and y[0, 3] == 0.0
   np.testing.assert_allclose(y[0].sum(), 2.0, atol=1e-12)
   # k equals the +inf count: the finite entries are exactly 0, the sigmoid's limit as
   # the threshold goes to +inf (as a p-norm gives); a NaN entry still makes a NaN row.
   np.testing.assert_array_equal(y[1], [1, 1, 0, 0])
   assert np.all(np.isnan(y[2]))
-  np.testing.assert_allclose(itk.soft_topk_mask(x[1], 2.0, l=0.5, p=2.0), [1, 1, 0, 0])
+  np.testing.assert_allclose(itk.soft_topk_mask(x[1], 2.0, regularization_strength=0.5, p=2.0), [1, 1, 0, 0])
 
 
 # -- user-defined regularizers -----------------------------------------------------
@@ -208,8 +208,8 @@ class Arctan:
 @pytest.mark.slow
 def test_user_defined_pnorm_equals_the_builtin():
   x, w = _rows(6, (3, 12)), _rows(7, (3, 12))
-  mine = lambda x: itk.soft_topk_mask(x, 4.2, l=0.3, regularizer=HandWrittenPNorm(1.5), solver="threshold")
-  builtin = lambda x: itk.soft_topk_mask(x, 4.2, l=0.3, p=1.5, solver="pav")
+  mine = lambda x: itk.soft_topk_mask(x, 4.2, regularization_strength=0.3, regularizer=HandWrittenPNorm(1.5), solver="threshold")
+  builtin = lambda x: itk.soft_topk_mask(x, 4.2, regularization_strength=0.3, p=1.5, solver="pav")
   np.testing.assert_allclose(mine(x), builtin(x), atol=1e-12)
   np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(w * mine(x)))(x),
                              jax.grad(lambda x: jnp.sum(w * builtin(x)))(x), atol=1e-10)
@@ -218,12 +218,12 @@ def test_user_defined_pnorm_equals_the_builtin():
 def test_user_defined_dense_regularizer_is_solved_and_differentiated():
   x, w = _rows(8, (2, 7)), _rows(9, (2, 7))
   reg = Arctan()
-  y = np.asarray(itk.soft_topk_mask(x, 2.5, l=0.4, regularizer=reg))
+  y = np.asarray(itk.soft_topk_mask(x, 2.5, regularization_strength=0.4, regularizer=reg))
   for row, x_row in zip(y, np.asarray(x)):
     phi = lambda lam: (0.5 + np.arctan((x_row - lam) / 0.4) / np.pi).sum() - 2.5
     lam = optimize.brentq(phi, -1e6, 1e6, xtol=1e-300, rtol=1e-15)
     np.testing.assert_allclose(row, 0.5 + np.arctan((x_row - lam) / 0.4) / np.pi, atol=1e-12)
-  f = lambda x: jnp.sum(w * itk.soft_topk_mask(x, 2.5, l=0.4, regularizer=reg))
+  f = lambda x: jnp.sum(w * itk.soft_topk_mask(x, 2.5, regularization_strength=0.4, regularizer=reg))
   check_grads(f, (x,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 

@@ -101,7 +101,7 @@ def test_hard_ops_errors():
 
 def test_soft_tends_to_hard_on_the_seed_batch(legacy_prng):
   values = (5 * jax.random.normal(jax.random.PRNGKey(2), (2, 3, 4), jnp.float32)).astype(jnp.float32)
-  np.testing.assert_array_equal(itk.soft_topk_mask(values, 2, l=1e-3), itk.hard_topk_mask(values, 2))
+  np.testing.assert_array_equal(itk.soft_topk_mask(values, 2, regularization_strength=1e-3), itk.hard_topk_mask(values, 2))
 
 
 @pytest.mark.slow

@@ -60,11 +60,11 @@ def _per_segment(fn, x, ids, k, l, p):
 def test_segments_equal_per_segment_references(p):
   x, ids, k = _segments()
   l = 0.3
-  got = itk.segment_soft_topk_mask(jnp.asarray(x), ids, k, num_segments=len(SIZES), l=l, p=p)
+  got = itk.segment_soft_topk_mask(jnp.asarray(x), ids, k, num_segments=len(SIZES), regularization_strength=l, p=p)
   np.testing.assert_allclose(got, _per_segment(bisect_mask, x, ids, k, l, p), atol=1e-10)
   if p == 2.0:  # the operator on each segment separately (one compilation per size)
     per_op = _per_segment(lambda xs, ks, l, p: np.asarray(itk.soft_topk_mask(
-        jnp.asarray(xs), ks, l=l, p=p)), x, ids, k, l, p)
+        jnp.asarray(xs), ks, regularization_strength=l, p=p)), x, ids, k, l, p)
     np.testing.assert_allclose(got, per_op, atol=1e-12)
   sums = np.bincount(ids, weights=np.asarray(got), minlength=len(SIZES))
   np.testing.assert_allclose(sums, k, atol=1e-10)
@@ -76,7 +76,7 @@ def test_segments_jit_batch_axis_and_info():
   moved = jnp.asarray(batch.T)  # ... here along axis 0
   k_rows = np.stack([k, k, np.minimum(k, 1)])
   f = jax.jit(lambda z, ids_, k_: itk.segment_soft_topk_mask(
-      z, ids_, k_, num_segments=len(SIZES), l=0.2, axis=0, indices_are_sorted=True,
+      z, ids_, k_, num_segments=len(SIZES), regularization_strength=0.2, axis=0, indices_are_sorted=True,
       return_info=True))
   got, info = f(moved, jnp.asarray(ids), jnp.asarray(k_rows))
   assert got.shape == moved.shape and info.iter_num.shape == (3, len(SIZES))
@@ -91,7 +91,7 @@ def _segment_loss(seed=2):
   w = jnp.asarray(np.random.default_rng(3).normal(size=x.size))
 
   def loss(z, k_, l_):
-    return jnp.sum(w * itk.segment_soft_topk_mask(z, ids, k_, num_segments=len(SIZES), l=l_))
+    return jnp.sum(w * itk.segment_soft_topk_mask(z, ids, k_, num_segments=len(SIZES), regularization_strength=l_))
 
   return loss, (jnp.asarray(x), jnp.asarray(k), jnp.asarray(0.4)), ids, w
 
@@ -118,7 +118,7 @@ def test_segment_gradients_match_the_per_segment_operator():
     for s in range(len(SIZES)):
       members = np.flatnonzero(ids == s)
       if members.size:
-        total = total + jnp.sum(w[members] * itk.soft_topk_mask(z[members], k_[s], l=l_))
+        total = total + jnp.sum(w[members] * itk.soft_topk_mask(z[members], k_[s], regularization_strength=l_))
     return total
 
   grads = jax.grad(loss, argnums=(0, 1, 2))(*args)
@@ -158,7 +158,7 @@ def test_segment_errors_name_the_argument():
 def test_traced_bad_segments_give_nan():
   x, ids, k = _segments()
   f = jax.jit(lambda i, k_: itk.segment_soft_topk_mask(
-      jnp.asarray(x), i, k_, num_segments=len(SIZES)))
+      jnp.asarray(x), i, k_, num_segments=len(SIZES), regularization_strength=0.1))
   bad_ids = np.where(np.arange(x.size) == 0, 9, ids)
   out = np.asarray(f(bad_ids, k))
   assert np.isnan(out[0]) and not np.isnan(out[1:][bad_ids[1:] != ids[0]]).any()
@@ -186,7 +186,7 @@ def test_where_equals_the_operator_on_the_valid_entries(op, reference):
   x, where, lengths = _padded()
   k = np.array([3.5, 2.0, 2.5])
   l, p = 0.3, 4.0 / 3.0
-  got = np.asarray(op(jnp.asarray(x), jnp.asarray(k), l=l, where=jnp.asarray(where)))
+  got = np.asarray(op(jnp.asarray(x), jnp.asarray(k), regularization_strength=l, where=jnp.asarray(where)))
   assert np.all(got[~where] == 0)
   for r, n in enumerate(lengths):
     np.testing.assert_allclose(got[r, :n], reference(x[r, :n], k[r], l, p), atol=1e-10)
@@ -197,11 +197,11 @@ def test_where_equals_the_operator_on_the_valid_entries(op, reference):
 def test_where_jit_and_per_row_operator(op, reference):
   x, where, lengths = _padded()
   k = np.array([3.5, 2.0, 2.5])
-  got = np.asarray(op(jnp.asarray(x), jnp.asarray(k), l=0.3, where=jnp.asarray(where)))
-  got_jit = np.asarray(jax.jit(lambda z, w: op(z, jnp.asarray(k), l=0.3, where=w))(x, where))
+  got = np.asarray(op(jnp.asarray(x), jnp.asarray(k), regularization_strength=0.3, where=jnp.asarray(where)))
+  got_jit = np.asarray(jax.jit(lambda z, w: op(z, jnp.asarray(k), regularization_strength=0.3, where=w))(x, where))
   np.testing.assert_allclose(got_jit, got, atol=1e-12)
   for r, n in enumerate(lengths):
-    np.testing.assert_allclose(got[r, :n], op(jnp.asarray(x[r, :n]), k[r], l=0.3), atol=1e-12)
+    np.testing.assert_allclose(got[r, :n], op(jnp.asarray(x[r, :n]), k[r], regularization_strength=0.3), atol=1e-12)
 
 
 def _where_loss(op, seed=1):
@@ -209,7 +209,7 @@ def _where_loss(op, seed=1):
   x = np.where(where, x, 0.7)  # finite padding so that the unmasked loss is finite
   w = np.random.default_rng(5).normal(size=x.shape)
   k = jnp.asarray([3.5, 2.0, 2.5])
-  loss = lambda z: jnp.sum(w * op(z, k, l=0.3, where=jnp.asarray(where)))
+  loss = lambda z: jnp.sum(w * op(z, k, regularization_strength=0.3, where=jnp.asarray(where)))
   return loss, jnp.asarray(x), where, lengths, w, k
 
 
@@ -231,9 +231,9 @@ def test_where_derivatives_match_the_per_row_operator(op):
   loss, x, where, lengths, w, k = _where_loss(op)
   grad = np.asarray(jax.grad(loss)(x))
   for r, n in enumerate(lengths):
-    want = jax.grad(lambda z: jnp.sum(w[r, :n] * op(z, k[r], l=0.3)))(x[r, :n])
+    want = jax.grad(lambda z: jnp.sum(w[r, :n] * op(z, k[r], regularization_strength=0.3)))(x[r, :n])
     np.testing.assert_allclose(grad[r, :n], want, atol=1e-10)
-  _, tangent_out = jax.jvp(lambda z: op(z, k, l=0.3, where=jnp.asarray(where)), (x,),
+  _, tangent_out = jax.jvp(lambda z: op(z, k, regularization_strength=0.3, where=jnp.asarray(where)), (x,),
                            (jnp.ones_like(x),))
   assert np.all(np.asarray(tangent_out)[~where] == 0)
 
@@ -241,9 +241,9 @@ def test_where_derivatives_match_the_per_row_operator(op):
 def test_where_k_rule_and_errors():
   x, where, lengths = _padded()
   xs, ws = jnp.asarray(x), jnp.asarray(where)
-  ones = itk.soft_topk_mask(xs, jnp.asarray(lengths, float), where=ws)
+  ones = itk.soft_topk_mask(xs, jnp.asarray(lengths, float), where=ws, regularization_strength=0.1)
   np.testing.assert_array_equal(ones, where.astype(float))
-  np.testing.assert_array_equal(itk.soft_topk_mask(xs, jnp.zeros(3), where=ws), np.zeros_like(x))
+  np.testing.assert_array_equal(itk.soft_topk_mask(xs, jnp.zeros(3), where=ws, regularization_strength=0.1), np.zeros_like(x))
   with pytest.raises(ValueError, match=r"`k` must satisfy 0 <= k <= the number of valid"):
     itk.soft_topk_mask(xs, 4.0, where=ws)  # the last row has 3 valid entries
   with pytest.raises(ValueError, match=r"`where` must be a boolean array of the shape"):
@@ -257,7 +257,7 @@ def test_where_k_rule_and_errors():
 def test_where_traced_k_above_the_valid_count_gives_nan():
   x, where, _ = _padded()
   xs, ws = jnp.asarray(x), jnp.asarray(where)
-  out = jax.jit(lambda k_: itk.soft_topk_mask(xs, k_, where=ws))(jnp.array([1.0, 1.0, 4.0]))
+  out = jax.jit(lambda k_: itk.soft_topk_mask(xs, k_, where=ws, regularization_strength=0.1))(jnp.array([1.0, 1.0, 4.0]))
   assert np.isnan(out[2, :3]).all() and np.all(out[2, 3:] == 0) and not np.isnan(out[:2]).any()
 
 
@@ -268,9 +268,9 @@ def test_where_magnitude_near_the_valid_count():
   x = np.array([[2.0, -0.5, 0.0, 1.5, 9.0, 9.0]])
   where = np.array([[True, True, True, True, False, False]])
   for k in (2.5, 3.0, 3.5, 4.0):
-    got = np.asarray(itk.soft_topk_mag(jnp.asarray(x), k, l=0.2, where=jnp.asarray(where)))
+    got = np.asarray(itk.soft_topk_mag(jnp.asarray(x), k, regularization_strength=0.2, where=jnp.asarray(where)))
     np.testing.assert_allclose(got[0, :4], bisect_mag(x[0, :4], k, 0.2, 4.0 / 3.0), atol=1e-10)
     assert np.all(got[0, 4:] == 0)
   # k >= #nonzero valid entries: the valid entries unchanged
-  np.testing.assert_array_equal(itk.soft_topk_mag(jnp.asarray(x), 3.0, l=0.2,
+  np.testing.assert_array_equal(itk.soft_topk_mag(jnp.asarray(x), 3.0, regularization_strength=0.2,
                                                   where=jnp.asarray(where))[0, :4], x[0, :4])

@@ -94,7 +94,7 @@ def test_grad_topk_equals_brute_force_enumeration(n, ks):
   x = _rows(n, (_B, n))
   ls = np.array([0.2, 0.7, 1.0, 5.0])
   for k in ks:
-    y = np.asarray(grad_topk(jnp.asarray(x), k, ls))
+    y = np.asarray(grad_topk(jnp.asarray(x), k, regularization_strength=ls))
     for row, l, yr in zip(x, ls, y):
       expected, _ = brute_force(row, k, l)
       np.testing.assert_allclose(yr, expected, rtol=1e-13, atol=1e-15, err_msg=f"k={k} l={l}")
@@ -150,13 +150,13 @@ def test_seed_recursion_fails_at_n40_while_ours_matches_80_digit_arithmetic():
 def test_grad_topk_properties(k, scale, seed):
   x = _rows(seed, (_B, _N), scale)
   l = np.array([0.3, 2.0, 1.0, 0.05])
-  y = np.asarray(grad_topk(jnp.asarray(x), k, l))
+  y = np.asarray(grad_topk(jnp.asarray(x), k, regularization_strength=l))
   np.testing.assert_allclose(y.sum(-1), k, rtol=1e-13)          # sums to k
   assert np.all((y >= 0) & (y <= 1 + 4e-16))                    # in [0, 1] (to rounding)
   for xr, yr in zip(x, y):                                      # monotone
     order = np.argsort(xr)
     assert np.all(np.diff(yr[order]) >= -1e-15)
-  shifted = np.asarray(grad_topk(jnp.asarray(x + 7.5), k, l))  # shift invariant
+  shifted = np.asarray(grad_topk(jnp.asarray(x + 7.5), k, regularization_strength=l))  # shift invariant
   np.testing.assert_allclose(shifted, y, atol=1e-13)
   np.testing.assert_allclose(y, [brute_force(r, k, lr)[0] for r, lr in zip(x, l)], atol=1e-13)
 
@@ -164,7 +164,7 @@ def test_grad_topk_properties(k, scale, seed):
 def test_grad_topk_k1_is_softmax():
   x = _rows(3, (_B, _N), scale=3.0)
   for l in (0.1, 1.0, 4.0):
-    np.testing.assert_allclose(grad_topk(jnp.asarray(x), 1, l), jax.nn.softmax(x / l, -1),
+    np.testing.assert_allclose(grad_topk(jnp.asarray(x), 1, regularization_strength=l), jax.nn.softmax(x / l, -1),
                                rtol=1e-13, atol=1e-300)
 
 
@@ -175,17 +175,17 @@ def test_grad_topk_tends_to_the_hard_mask_with_the_exponential_bound():
     s = -np.sort(-x, -1)
     gap = s[:, k - 1] - s[:, k]
     for l in (1.0, 0.1, 0.01, 1e-3):
-      y = np.asarray(grad_topk(jnp.asarray(x), k, l))
+      y = np.asarray(grad_topk(jnp.asarray(x), k, regularization_strength=l))
       err = np.max(np.abs(y - hard_mask(x, k)), -1)
       bound = max(k, _N - k) * np.exp(-gap / l)
       assert np.all(err <= bound * (1 + 1e-9) + 1e-15), (k, l, err, bound)
-  y = np.asarray(grad_topk(jnp.asarray(x), 2, 1e-4))
+  y = np.asarray(grad_topk(jnp.asarray(x), 2, regularization_strength=1e-4))
   np.testing.assert_allclose(y, hard_mask(x, 2), atol=1e-12)
 
 
 def test_grad_topk_tends_to_k_over_n_as_l_grows():
   x = jnp.asarray(_rows(5, (_B, _N)))
-  np.testing.assert_allclose(grad_topk(x, 5, 1e6), np.full((_B, _N), 0.5), atol=1e-5)
+  np.testing.assert_allclose(grad_topk(x, 5, regularization_strength=1e6), np.full((_B, _N), 0.5), atol=1e-5)
 
 
 # -- grad_topk: API ---------------------------------------------------------------------
@@ -194,22 +194,22 @@ def test_grad_topk_tends_to_k_over_n_as_l_grows():
 def test_grad_topk_axis_batch_per_row_l_and_transformations():
   x = jnp.asarray(_rows(6, (3, 8, 2)))
   l = jnp.array([[0.5, 1.0], [2.0, 0.3], [1.0, 1.0]])  # the batch shape (3, 2)
-  y = grad_topk(x, 3, l, axis=1)
+  y = grad_topk(x, 3, regularization_strength=l, axis=1)
   assert y.shape == x.shape
   for a in range(3):
     for b in range(2):
       np.testing.assert_allclose(y[a, :, b], brute_force(np.asarray(x[a, :, b]), 3, float(l[a, b]))[0],
                                  atol=1e-13)
-  np.testing.assert_allclose(jax.jit(grad_topk, static_argnames=("k", "axis"))(x, k=3, l=l, axis=1), y,
+  np.testing.assert_allclose(jax.jit(grad_topk, static_argnames=("k", "axis"))(x, k=3, regularization_strength=l, axis=1), y,
                              atol=1e-15)
-  vm = jax.vmap(lambda r: grad_topk(r, 3, 0.7, axis=1), in_axes=2, out_axes=2)(x)
-  np.testing.assert_allclose(vm, grad_topk(x, 3, 0.7, axis=1), atol=1e-15)
+  vm = jax.vmap(lambda r: grad_topk(r, 3, regularization_strength=0.7, axis=1), in_axes=2, out_axes=2)(x)
+  np.testing.assert_allclose(vm, grad_topk(x, 3, regularization_strength=0.7, axis=1), atol=1e-15)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
 def test_grad_topk_dtypes(dtype):
   x = _rows(7, (_B, _N))
-  y = grad_topk(jnp.asarray(x, dtype), 5, 0.5)
+  y = grad_topk(jnp.asarray(x, dtype), 5, regularization_strength=0.5)
   assert y.dtype == dtype
   expected = np.stack([brute_force(np.asarray(jnp.asarray(r, dtype), np.float64), 5, 0.5)[0] for r in x])
   atol = {jnp.float32: 1e-6, jnp.float16: 2e-3, jnp.bfloat16: 1e-2}[dtype]
@@ -219,7 +219,7 @@ def test_grad_topk_dtypes(dtype):
 def test_grad_topk_check_grads_fwd_and_rev():
   x = jnp.asarray(_rows(8, (_B, _N)))
   w = jnp.asarray(_rows(9, (_B, _N)))
-  f = jax.jit(lambda x, l: grad_topk(x, 5, l) * w)
+  f = jax.jit(lambda x, l: grad_topk(x, 5, regularization_strength=l) * w)
   check_grads(f, (x, 0.7), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
@@ -227,7 +227,7 @@ def test_grad_topk_jacobian_is_the_covariance_of_the_subset_indicator():
   """dy/dx = Cov_q(1_S) / l: symmetric, rows sum to 0, diagonal y(1-y)/l, off-diagonal <= 0."""
   x = _rows(10, (6,))
   k, l = 2, 0.8
-  jac = np.asarray(jax.jacrev(lambda x: grad_topk(x, k, l))(jnp.asarray(x)))
+  jac = np.asarray(jax.jacrev(lambda x: grad_topk(x, k, regularization_strength=l))(jnp.asarray(x)))
   u = x / l
   subsets = list(itertools.combinations(range(6), k))
   q = np.exp([u[list(S)].sum() for S in subsets])
@@ -262,8 +262,9 @@ def test_grad_topk_non_finite_inputs():
         (5, {}, ValueError, "0 <= k <= n with n=4"),
         (2.0, {}, TypeError, "`k` must be a static Python int"),
         (True, {}, TypeError, "`k` must be a static Python int"),
-        (2, dict(l=0.0), ValueError, "`l` must be finite and > 0"),
-        (2, dict(l=-1.0), ValueError, "`l`"),
+        (2, dict(regularization_strength=0.0), ValueError,
+         "`regularization_strength` must be finite and > 0"),
+        (2, dict(regularization_strength=-1.0), ValueError, "`regularization_strength`"),
         (2, dict(axis=1), ValueError, "-1 <= axis < 1"),
     ],
 )
@@ -290,22 +291,22 @@ def test_more_bad_arguments():
 def test_iterative_sums_to_k_is_shift_invariant_and_k1_is_softmax(variant):
   x = _rows(11, (_B, _N))
   for k in _KS:
-    p = np.asarray(iterative_softmax_topk(jnp.asarray(x), k, 0.7, variant=variant))
+    p = np.asarray(iterative_softmax_topk(jnp.asarray(x), k, regularization_strength=0.7, variant=variant))
     np.testing.assert_allclose(p.sum(-1), k, rtol=1e-13)
-    shifted = iterative_softmax_topk(jnp.asarray(x - 3.25), k, 0.7, variant=variant)
+    shifted = iterative_softmax_topk(jnp.asarray(x - 3.25), k, regularization_strength=0.7, variant=variant)
     np.testing.assert_allclose(shifted, p, atol=1e-13)
-  np.testing.assert_allclose(iterative_softmax_topk(jnp.asarray(x), 1, 0.7, variant=variant),
+  np.testing.assert_allclose(iterative_softmax_topk(jnp.asarray(x), 1, regularization_strength=0.7, variant=variant),
                              jax.nn.softmax(x / 0.7, -1), atol=1e-15)
 
 
 def test_iterative_logits_is_not_in_the_capped_simplex_nor_monotone():
   """The seed could not prove p in [0,1] or monotonicity; both fail on tiny inputs."""
   # the two minima always get logit 0, so the largest entry is picked again
-  p = np.asarray(iterative_softmax_topk(jnp.array([0.0, 6.0, 0.0]), 2, 1.0))
+  p = np.asarray(iterative_softmax_topk(jnp.array([0.0, 6.0, 0.0]), 2, regularization_strength=1.0))
   np.testing.assert_allclose(p, [0.33249510, 1.33500981, 0.33249510], atol=1e-8)
   assert p.max() > 1.3
   # 5 gets more than 6
-  p = np.asarray(iterative_softmax_topk(jnp.array([0.0, 5.0, 6.0]), 2, 1.0))
+  p = np.asarray(iterative_softmax_topk(jnp.array([0.0, 5.0, 6.0]), 2, regularization_strength=1.0))
   np.testing.assert_allclose(p, [0.02411327, 1.13326568, 0.84262105], atol=1e-8)
   assert p[1] > p[2] and p[1] > 1
 
@@ -314,7 +315,7 @@ def test_iterative_logits_tends_to_the_hard_mask_for_distinct_entries():
   rng = np.random.default_rng(12)
   x = np.stack([rng.permutation(_N) * 0.1 + rng.uniform(0, 0.01) for _ in range(_B)])  # gaps >= 0.1
   for k in (2, 5):
-    p = np.asarray(iterative_softmax_topk(jnp.asarray(x), k, 1e-3))
+    p = np.asarray(iterative_softmax_topk(jnp.asarray(x), k, regularization_strength=1e-3))
     np.testing.assert_allclose(p, hard_mask(x, k), atol=1e-9)
 
 
@@ -322,10 +323,10 @@ def test_iterative_weighted_does_not_converge_its_limit_is_1_5_and_0_5():
   """Seed 001: for k = 2 and l -> 0 the weighted-softmax iteration gives 1.5 and 0.5."""
   x = jnp.array([3.0, 0.0, 2.0, 1.0, -0.5])
   for l in (0.1, 0.01, 2e-3):
-    p = np.asarray(iterative_softmax_topk(x, 2, l, variant="weighted"))
+    p = np.asarray(iterative_softmax_topk(x, 2, regularization_strength=l, variant="weighted"))
     np.testing.assert_allclose(p, [1.5, 0.0, 0.5, 0.0, 0.0], atol=1e-4 if l == 0.1 else 1e-12)
   # the logits variant on the same input converges to the hard mask
-  np.testing.assert_allclose(iterative_softmax_topk(x, 2, 1e-3), [1.0, 0.0, 1.0, 0.0, 0.0],
+  np.testing.assert_allclose(iterative_softmax_topk(x, 2, regularization_strength=1e-3), [1.0, 0.0, 1.0, 0.0, 0.0],
                              atol=1e-12)
   # rounding 1 - p to 0 would hide the limit: forming 1 - p directly gives the hard mask
   naive = np.zeros(5)
@@ -339,11 +340,11 @@ def test_iterative_weighted_does_not_converge_its_limit_is_1_5_and_0_5():
 def test_iterative_check_grads_and_dtypes(variant):
   x = jnp.asarray(_rows(13, (_B, _N)))
   w = jnp.asarray(_rows(14, (_B, _N)))
-  f = jax.jit(lambda x, l: iterative_softmax_topk(x, 3, l, variant=variant) * w)
+  f = jax.jit(lambda x, l: iterative_softmax_topk(x, 3, regularization_strength=l, variant=variant) * w)
   check_grads(f, (x, 0.9), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
-  y = iterative_softmax_topk(x.T.astype(jnp.float16), 3, 0.9, variant=variant, axis=0)
+  y = iterative_softmax_topk(x.T.astype(jnp.float16), 3, regularization_strength=0.9, variant=variant, axis=0)
   assert y.dtype == jnp.float16 and y.shape == x.T.shape
   np.testing.assert_allclose(np.asarray(y, np.float64).T,
-                             iterative_softmax_topk(x, 3, 0.9, variant=variant), atol=3e-3)
-  vm = jax.vmap(lambda r: iterative_softmax_topk(r, 3, 0.9, variant=variant))(x)
-  np.testing.assert_allclose(vm, iterative_softmax_topk(x, 3, 0.9, variant=variant), atol=1e-15)
+                             iterative_softmax_topk(x, 3, regularization_strength=0.9, variant=variant), atol=3e-3)
+  vm = jax.vmap(lambda r: iterative_softmax_topk(r, 3, regularization_strength=0.9, variant=variant))(x)
+  np.testing.assert_allclose(vm, iterative_softmax_topk(x, 3, regularization_strength=0.9, variant=variant), atol=1e-15)

@@ -65,7 +65,7 @@ def test_p2_is_the_euclidean_projection_of_x_over_l(solver, k):
   x = _random_rows(0, (5, 12))
   n = x.shape[-1]
   for l in (0.05, 1.0):
-    y = itk.soft_topk_mask(x, k, l=l, p=2.0, solver=solver)
+    y = itk.soft_topk_mask(x, k, regularization_strength=l, p=2.0, solver=solver)
     exact = np.stack([_exact_capped_simplex_projection(np.asarray(r) / l, k) for r in x])
     np.testing.assert_allclose(y, exact, atol=1e-12)
   # jaxopt's projection_box_section finds its threshold by jaxopt.Bisection with the
@@ -73,7 +73,7 @@ def test_p2_is_the_euclidean_projection_of_x_over_l(solver, k):
   # ~5e-6 only (measured 3.4e-6 here). The same jaxopt bisection run to tol=1e-12 is a
   # reference to 1e-10.
   l = 1.0
-  y = itk.soft_topk_mask(x, k, l=l, p=2.0, solver=solver)
+  y = itk.soft_topk_mask(x, k, regularization_strength=l, p=2.0, solver=solver)
   hyper = (jnp.zeros(n), jnp.ones(n), jnp.ones(n), jnp.asarray(k, jnp.float64))
   default = jax.vmap(lambda r: projection_box_section(r / l, hyper))(x)
   np.testing.assert_allclose(y, default, atol=1e-5)
@@ -92,7 +92,7 @@ def test_matches_scipy_slsqp_on_small_problems(p, k):
   for l in (0.3, 2.0):
     expected = _slsqp_mask(x, k, l, p)
     for solver in SOLVERS:
-      y = itk.soft_topk_mask(jnp.asarray(x), k, l=l, p=p, solver=solver)
+      y = itk.soft_topk_mask(jnp.asarray(x), k, regularization_strength=l, p=p, solver=solver)
       np.testing.assert_allclose(y, expected, atol=2e-5)
 
 
@@ -103,8 +103,8 @@ def test_pav_and_threshold_agree_to_1e_10(p, ties):
   mask = jax.jit(itk.soft_topk_mask, static_argnames=("p", "solver"))
   for k in (1.0, 5.0, 12.5, 49.0):
     for l in (1e-3, 0.1, 10.0):
-      y_pav = mask(x, k, l=l, p=p, solver="pav")
-      y_thr = mask(x, k, l=l, p=p, solver="threshold")
+      y_pav = mask(x, k, regularization_strength=l, p=p, solver="pav")
+      y_thr = mask(x, k, regularization_strength=l, p=p, solver="threshold")
       np.testing.assert_allclose(y_pav, y_thr, atol=1e-10, err_msg=f"k={k} l={l}")
       np.testing.assert_allclose(jnp.sum(y_pav, -1), k, atol=1e-10)
 
@@ -112,7 +112,7 @@ def test_pav_and_threshold_agree_to_1e_10(p, ties):
 def test_solution_is_exactly_sparse_and_exactly_one_at_the_top():
   x = jnp.array([-5.0, -2.0, 3.0, 1.0], jnp.float64)
   for solver in SOLVERS:
-    y = itk.soft_topk_mask(x, 2, l=1e-2, solver=solver)
+    y = itk.soft_topk_mask(x, 2, regularization_strength=1e-2, solver=solver)
     assert np.array_equal(np.asarray(y), [0.0, 0.0, 1.0, 1.0])
 
 
@@ -124,7 +124,7 @@ def test_solution_is_exactly_sparse_and_exactly_one_at_the_top():
 def test_check_grads_fwd_and_rev(solver, p):
   x = _random_rows(3, (3, 9))
   w = _random_rows(4, (3, 9))
-  f = lambda x: itk.soft_topk_mask(x, 3.5, l=0.7, p=p, solver=solver) * w
+  f = lambda x: itk.soft_topk_mask(x, 3.5, regularization_strength=0.7, p=p, solver=solver) * w
   check_grads(f, (x,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
@@ -134,7 +134,7 @@ def test_jaxopt_backend_reverse_mode_matches_lax_backend():
   w = _random_rows(6, (4, 20))
   grads = []
   for backend in ("lax", "jaxopt"):
-    f = lambda x: jnp.sum(w * itk.soft_topk_mask(x, 4.0, l=0.5, implicit_diff_backend=backend))
+    f = lambda x: jnp.sum(w * itk.soft_topk_mask(x, 4.0, regularization_strength=0.5, implicit_diff_backend=backend))
     check_grads(f, (x,), order=1, modes=("rev",), atol=1e-6, rtol=1e-6, eps=1e-6)
     grads.append(jax.grad(f)(x))
   np.testing.assert_allclose(grads[0], grads[1], atol=1e-12)
@@ -149,7 +149,7 @@ def test_gradients_wrt_k_and_l_match_finite_differences(solver, argument):
 
   def f(value):
     kwargs = dict(base, **{argument: value})
-    return jnp.sum(w * itk.soft_topk_mask(x, kwargs["k"], l=kwargs["l"], solver=solver))
+    return jnp.sum(w * itk.soft_topk_mask(x, kwargs["k"], regularization_strength=kwargs["l"], solver=solver))
 
   value, h = base[argument], 1e-6
   fd = (f(value + h) - f(value - h)) / (2 * h)
@@ -159,7 +159,7 @@ def test_gradients_wrt_k_and_l_match_finite_differences(solver, argument):
 
 def test_gradient_is_zero_where_every_coordinate_is_saturated():
   x = jnp.array([5.0, 4.0, 0.0, -1.0], jnp.float64)
-  g = jax.jacrev(lambda x: itk.soft_topk_mask(x, 2, l=0.1))(x)
+  g = jax.jacrev(lambda x: itk.soft_topk_mask(x, 2, regularization_strength=0.1))(x)
   assert np.array_equal(np.asarray(g), np.zeros((4, 4)))
 
 
@@ -171,7 +171,7 @@ def test_k_derivative_at_a_binary_solution_is_the_documented_zero(solver):
   and e_(k) (lowering k lowers the k-th largest); we document and return 0.
   """
   x = jnp.array([3.0, -1.0, 1.0, -3.0], jnp.float64)
-  f = lambda k: itk.soft_topk_mask(x, k, l=0.1, solver=solver)
+  f = lambda k: itk.soft_topk_mask(x, k, regularization_strength=0.1, solver=solver)
   h = 1e-4
   right = (f(2.0 + h) - f(2.0)) / h
   left = (f(2.0) - f(2.0 - h)) / h
@@ -225,8 +225,9 @@ def test_threshold_solver_accepts_a_warm_start():
         (dict(k=4.5), ValueError, "0 <= k <= n with n=4"),
         (dict(k=5), ValueError, "0 <= k <= n"),
         (dict(k=-1.5), ValueError, "0 <= k <= n"),
-        (dict(k=2, l=0.0), ValueError, "`l` must be finite and > 0"),
-        (dict(k=2, l=-1.0), ValueError, "`l`"),
+        (dict(k=2, regularization_strength=0.0), ValueError,
+         "`regularization_strength` must be finite and > 0"),
+        (dict(k=2, regularization_strength=-1.0), ValueError, "`regularization_strength`"),
         (dict(k=2, p=1.0), ValueError, "1 < p"),
         (dict(k=2, p=0.5), ValueError, "1 < p"),
         (dict(k=2, axis=1), ValueError, "-1 <= axis < 1"),
@@ -257,9 +258,9 @@ def test_scalar_input_is_rejected():
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_nan_gives_a_nan_row_and_leaves_other_rows_alone(solver):
   x = jnp.array([[1.0, jnp.nan, 3.0, 0.0], [1.0, 2.0, 3.0, 0.0]], jnp.float64)
-  y = itk.soft_topk_mask(x, 2, l=0.1, solver=solver)
+  y = itk.soft_topk_mask(x, 2, regularization_strength=0.1, solver=solver)
   assert np.all(np.isnan(y[0]))
-  np.testing.assert_allclose(y[1], itk.soft_topk_mask(x[1], 2, l=0.1, solver=solver))
+  np.testing.assert_allclose(y[1], itk.soft_topk_mask(x[1], 2, regularization_strength=0.1, solver=solver))
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
@@ -271,7 +272,7 @@ def test_infinities(solver):
       [inf, inf, inf, 0.0, 1.0],    # #(+inf) > k: no threshold
       [-inf, -inf, -inf, -inf, 1.0],  # only one entry > -inf < k: no threshold
   ], jnp.float64)
-  y = np.asarray(itk.soft_topk_mask(x, 2, l=1.0, p=2.0, solver=solver))
+  y = np.asarray(itk.soft_topk_mask(x, 2, regularization_strength=1.0, p=2.0, solver=solver))
   # finite part of row 0: y = clip(x - lam, 0, 1) over {0.3, 0.2, 0.1} summing to 1
   np.testing.assert_allclose(y[0, [0, 3]], [1.0, 0.0])
   np.testing.assert_allclose(y[0].sum(), 2.0, atol=1e-12)
@@ -282,6 +283,6 @@ def test_infinities(solver):
 
 def test_gradient_is_finite_with_infinite_entries():
   x = jnp.array([jnp.inf, 0.3, 0.2, -jnp.inf, 0.1], jnp.float64)
-  g = jax.grad(lambda x: jnp.sum(itk.soft_topk_mask(x, 2, l=1.0, p=2.0) * jnp.arange(5.0)))(x)
+  g = jax.grad(lambda x: jnp.sum(itk.soft_topk_mask(x, 2, regularization_strength=1.0, p=2.0) * jnp.arange(5.0)))(x)
   assert np.all(np.isfinite(g))
   assert g[0] == 0 and g[3] == 0

@@ -30,7 +30,7 @@ def _primitives(jaxpr):
 @pytest.mark.parametrize("p", [4.0 / 3.0, 2.0, 3.0])
 def test_threshold_solver_never_sorts_forward_or_backward(operator, p):
   x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 700)), jnp.float32)
-  forward = lambda x: operator(x, 7.5, l=0.3, p=p, solver="threshold")
+  forward = lambda x: operator(x, 7.5, regularization_strength=0.3, p=p, solver="threshold")
   backward = jax.grad(lambda x: jnp.sum(jnp.sin(forward(x))))
   for fn in (forward, backward, lambda x: jax.jvp(forward, (x,), (x,))):
     names = _primitives(jax.make_jaxpr(fn)(x).jaxpr)
@@ -40,14 +40,14 @@ def test_threshold_solver_never_sorts_forward_or_backward(operator, p):
 def test_the_sort_check_sees_a_sort():
   """The jaxpr walk above finds sorts inside custom rules and loops (else it proves nothing)."""
   x = jnp.ones((2, 5))
-  fn = lambda x: itk.soft_topk_mask(x, 2.0, l=0.3, p=2.0, solver="dykstra")
+  fn = lambda x: itk.soft_topk_mask(x, 2.0, regularization_strength=0.3, p=2.0, solver="dykstra")
   assert "sort" in _primitives(jax.make_jaxpr(fn)(x).jaxpr)
 
 
 @pytest.mark.parametrize("operator", [itk.soft_topk_mask, itk.soft_topk_mag])
 def test_eager_calls_compile_once(operator):
   x = jnp.asarray(np.random.default_rng(1).normal(size=(1, 1000)), jnp.float32)
-  operator(x, 10.0, l=0.1, solver="threshold")  # compiles
+  operator(x, 10.0, regularization_strength=0.1, solver="threshold")  # compiles
   with jax.log_compiles():
     import logging
     records = []
@@ -57,7 +57,7 @@ def test_eager_calls_compile_once(operator):
     logger.addHandler(handler)
     try:
       for k in (10.0, 12.5, 3.0):  # a new k value is an argument, not a new program
-        operator(x, k, l=0.2, solver="threshold")
+        operator(x, k, regularization_strength=0.2, solver="threshold")
     finally:
       logger.removeHandler(handler)
   compiled = [r for r in records if "Compiling" in r.getMessage()]
@@ -74,7 +74,7 @@ def test_auto_takes_iterative_options_on_every_backend(kwargs, monkeypatch):
     assert solvers.resolve_solver_name("auto", problem, size=big, **kwargs) == "threshold"
   monkeypatch.undo()
   x = jnp.linspace(-1.0, 1.0, 9)
-  y = itk.soft_topk_mask(x, 2.5, l=0.5, **kwargs)
+  y = itk.soft_topk_mask(x, 2.5, regularization_strength=0.5, **kwargs)
   np.testing.assert_allclose(float(jnp.sum(y)), 2.5, rtol=1e-5)
 
 
@@ -95,8 +95,8 @@ def test_auto_refuses_tol_on_every_backend():
 def test_k_of_the_wrong_shape_is_named():
   with pytest.raises(ValueError, match="`k` must be a scalar or broadcast to the batch shape"):
     itk.soft_topk_mask(jnp.ones((3, 5)), jnp.full((3, 1), 2.0))
-  with pytest.raises(ValueError, match="`l` must be a scalar or broadcast"):
-    itk.soft_topk_mag(jnp.ones((3, 5)), 2.0, l=jnp.full((2,), 0.5))
+  with pytest.raises(ValueError, match="`regularization_strength` must be a scalar or broadcast"):
+    itk.soft_topk_mag(jnp.ones((3, 5)), 2.0, regularization_strength=jnp.full((2,), 0.5))
 
 
 @pytest.mark.slow
@@ -107,9 +107,9 @@ def test_mask_and_magnitude_run_on_the_same_solver_objects():
     mag = solvers.make_solver(name, problems.Magnitude(2.0))
     assert type(mask) is type(mag)
     np.testing.assert_allclose(mask.apply(x, 5.0, 0.5),
-                               itk.soft_topk_mask(x, 5.0, l=0.5, p=2.0, solver="pav"), atol=1e-6)
+                               itk.soft_topk_mask(x, 5.0, regularization_strength=0.5, p=2.0, solver="pav"), atol=1e-6)
     np.testing.assert_allclose(mag.apply(x, 5.0, 0.5),
-                               itk.soft_topk_mag(x, 5.0, l=0.5, p=2.0, solver="pav"), atol=1e-6)
+                               itk.soft_topk_mag(x, 5.0, regularization_strength=0.5, p=2.0, solver="pav"), atol=1e-6)
 
 
 class _NoMask:
@@ -131,5 +131,5 @@ def test_user_regularizers_work_or_say_what_they_lack():
   with pytest.raises(ValueError, match="declaring `pav_kind`"):
     itk.soft_topk_mask(jnp.ones(4), 2.0, regularizer=_Custom(), solver="pav")
   x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 30)), jnp.float32)
-  np.testing.assert_allclose(itk.soft_topk_mask(x, 4.5, l=0.5, regularizer=_Custom()),
-                             itk.soft_topk_mask(x, 4.5, l=0.5, p=2.0, solver="pav"), atol=1e-5)
+  np.testing.assert_allclose(itk.soft_topk_mask(x, 4.5, regularization_strength=0.5, regularizer=_Custom()),
+                             itk.soft_topk_mask(x, 4.5, regularization_strength=0.5, p=2.0, solver="pav"), atol=1e-5)

@@ -48,7 +48,7 @@ def _x(shape, seed=0, dtype=np.float64):
 
 
 def _soft(x, k, l=0.3, **static):
-  return itk.soft_topk_mask(x, k, l=l, **static)
+  return itk.soft_topk_mask(x, k, regularization_strength=l, **static)
 
 
 def close(actual, desired, atol=1e-12):
@@ -163,8 +163,8 @@ class JitMatchesEagerTest(chex.TestCase):
     @self.variant
     def both(x, k, l):
       return (_soft(x, 3.5, solver=solver),  # static k, l
-              itk.soft_topk_mask(x, k, l=l, solver=solver),  # array k, l (traced under jit)
-              itk.soft_topk_mask(x, 2.0, l=l, solver=solver))
+              itk.soft_topk_mask(x, k, regularization_strength=l, solver=solver),  # array k, l (traced under jit)
+              itk.soft_topk_mask(x, 2.0, regularization_strength=l, solver=solver))
 
     y_static, y_array, y_k2 = both(x, jnp.asarray(3.5), jnp.asarray(0.3))
     chex.assert_shape([y_static, y_array, y_k2], x.shape)
@@ -174,7 +174,7 @@ class JitMatchesEagerTest(chex.TestCase):
     # the public function itself through the variant, k and l Python numbers (weakly
     # typed tracers under jit)
     g = self.variant(itk.soft_topk_mask, static_argnames=("p", "solver", "axis"))
-    close(g(x, 3.5, l=0.3, solver=solver), y)
+    close(g(x, 3.5, regularization_strength=0.3, solver=solver), y)
 
 
 @parametrize_solver_slow_threshold
@@ -324,7 +324,7 @@ def test_invalid_arguments_raise():
   with pytest.raises(ValueError, match="0 <= k <= n"):
     itk.soft_topk_mask(x, jnp.array([1.0, -0.5, 2.0]))  # one row has k < 0
   with pytest.raises(ValueError):
-    itk.soft_topk_mask(x, 2.0, l=0.0)
+    itk.soft_topk_mask(x, 2.0, regularization_strength=0.0)
   with pytest.raises(ValueError):
     itk.soft_topk_mask(x, 2.0, axis=2)
   with pytest.raises(ValueError):

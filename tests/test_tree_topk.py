@@ -23,10 +23,10 @@ def _flat(tree):
 
 
 CASES = {
-    "mask": (lambda t, k, l: itk.tree_soft_topk_mask(t, k, l=l),
-             lambda v, k, l: itk.soft_topk_mask(v, k, l=l)),
-    "mag": (lambda t, k, l: itk.tree_soft_topk_mag(t, k, l=l),
-            lambda v, k, l: itk.soft_topk_mag(v, k, l=l)),
+    "mask": (lambda t, k, l: itk.tree_soft_topk_mask(t, k, regularization_strength=l),
+             lambda v, k, l: itk.soft_topk_mask(v, k, regularization_strength=l)),
+    "mag": (lambda t, k, l: itk.tree_soft_topk_mag(t, k, regularization_strength=l),
+            lambda v, k, l: itk.soft_topk_mag(v, k, regularization_strength=l)),
 }
 
 
@@ -78,7 +78,7 @@ def test_tree_gradients_equal_the_concatenated_operator(name):
 def test_tree_mixed_dtypes_info_and_errors():
   tree = {"a": jnp.linspace(-1.0, 2.0, 7, dtype=jnp.float32),
           "b": jnp.linspace(3.0, -1.0, 4, dtype=jnp.bfloat16)}
-  out, info = itk.tree_soft_topk_mask(tree, 3.0, l=1e-3, return_info=True)
+  out, info = itk.tree_soft_topk_mask(tree, 3.0, regularization_strength=1e-3, return_info=True)
   assert out["a"].dtype == jnp.float32 and out["b"].dtype == jnp.bfloat16
   assert info.iter_num.shape == ()
   np.testing.assert_allclose(np.sum(_flat(out).astype(np.float32)), 3.0, atol=1e-2)
@@ -98,8 +98,8 @@ def test_tree_mixed_dtypes_info_and_errors():
 def test_tree_k_rule_and_magnitude_forward():
   tree = {"a": jnp.linspace(-1.0, 2.0, 7, dtype=jnp.float32),
           "b": jnp.linspace(3.0, -1.0, 4, dtype=jnp.bfloat16)}
-  ones = itk.tree_soft_topk_mask(tree, 11.0)
+  ones = itk.tree_soft_topk_mask(tree, 11.0, regularization_strength=0.1)
   assert all(np.all(np.asarray(leaf) == 1) for leaf in jax.tree.leaves(ones))
-  np.testing.assert_array_equal(_flat(itk.tree_soft_topk_mag(tree, 11.0)), _flat(tree))
+  np.testing.assert_array_equal(_flat(itk.tree_soft_topk_mag(tree, 11.0, regularization_strength=0.1)), _flat(tree))
   assert all(np.all(np.asarray(leaf) == 0)
-             for leaf in jax.tree.leaves(itk.tree_soft_topk_mag(tree, 0.0)))
+             for leaf in jax.tree.leaves(itk.tree_soft_topk_mag(tree, 0.0, regularization_strength=0.1)))

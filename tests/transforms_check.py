@@ -34,10 +34,10 @@ def _per_row(loss, z):
 
 # name -> f(z) with z of shape (rows, 7), reduced along the last axis, default options.
 OPERATORS = {
-    "soft_topk_mask": lambda z: itk.soft_topk_mask(z, 2.5),
-    "soft_topk_mask_p2": lambda z: itk.soft_topk_mask(z, 2.5, l=0.3, p=2.0),
-    "soft_topk_mask_entropy": lambda z: itk.soft_topk_mask(z, 2.5, l=0.3, regularizer="entropy"),
-    "soft_topk_mag": lambda z: itk.soft_topk_mag(z, 2.5),
+    "soft_topk_mask": lambda z: itk.soft_topk_mask(z, 2.5, regularization_strength=0.1),
+    "soft_topk_mask_p2": lambda z: itk.soft_topk_mask(z, 2.5, regularization_strength=0.3, p=2.0),
+    "soft_topk_mask_entropy": lambda z: itk.soft_topk_mask(z, 2.5, regularization_strength=0.3, regularizer="entropy"),
+    "soft_topk_mag": lambda z: itk.soft_topk_mag(z, 2.5, regularization_strength=0.1),
     "hard_topk_mask": lambda z: itk.hard_topk_mask(z, 2),
     "hard_topk_mag": lambda z: itk.hard_topk_mag(z, 2),
     "grad_topk": lambda z: itk.grad_topk(z, 2),
