@@ -1,28 +1,40 @@
 """Command line: ``implicit-topk {demo,figure,bench,check}`` (also ``python -m implicit_topk``).
 
-* ``demo``: the README's first command (seed examples, gradients, a timing table);
-* ``figure``: writes the operator figure (``docs/operator_figure.png``);
+* ``demo``: the README's first command: the soft top-k mask next to the hard one, the
+  top-k in magnitude, a soft sort and rank, a loss and its gradient, and a timing table;
+* ``figure``: writes the operator figure (``./implicit_topk_figure.png`` by default);
 * ``bench``: runs ``benchmarks/bench_topk.py`` with a progress bar (options after
-  ``bench`` are passed through, e.g. ``implicit-topk bench --quick``);
+  ``bench`` are passed through, e.g. ``implicit-topk bench --quick``); writes into
+  ``./implicit_topk_bench/`` by default;
 * ``check``: runs the proofs' checking scripts (``proofs/*.py``) and prints a
   pass/fail table; the exit code is 1 if any fails.
 
-``bench`` and ``check`` need the source checkout (``benchmarks/``, ``proofs/``), found
-next to the package, in the current directory, or given by ``--repo``.
+Outputs go to the current directory unless ``--out`` says otherwise: the results committed
+in the checkout (``docs/operator_figure.png``, ``benchmarks/results/``) change only when
+``--out`` names them. ``bench`` and ``check`` need the source checkout (``benchmarks/``,
+``proofs/``), found next to the package, in the current directory, or given by ``--repo``.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import os
 import sys
+import warnings
+
+FIGURE_OUT = os.path.join(".", "implicit_topk_figure.png")
+BENCH_OUT = os.path.join(".", "implicit_topk_bench") + os.sep
 
 _EPILOG_BENCH = """\
 Every option not listed above is passed to benchmarks/bench_topk.py, e.g.
   implicit-topk bench --quick
   implicit-topk bench --sizes 1e3,1e4 --batches 1 --solvers threshold --out /tmp/bench
 Run `implicit-topk bench --bench-help` for the benchmark's own options.
-Writes benchmarks/results/<backend>_matrix[_<tag>].{md,json,png} by default; --out PATH
-writes PATH.{md,json,png} (or, for an existing directory, the same names inside it)."""
+Writes ./implicit_topk_bench/<backend>_matrix[_<tag>].{md,json,png} (in the current
+directory) by default; --out PATH writes PATH.{md,json,png} (or, for an existing directory
+or a PATH ending in /, the same names inside it). The results committed in the checkout
+(benchmarks/results/) change only with an explicit --out benchmarks/results/."""
 
 
 def _parser():
@@ -34,10 +46,15 @@ def _parser():
   commands = parser.add_subparsers(dest="command", required=True, metavar="command")
 
   demo = commands.add_parser(
-      "demo", help="print the seed examples, a gradient and a timing table",
-      description="Runs soft_topk_mask on the reference README's inputs next to the hard "
-                  "operators, prints gradients (reverse and forward mode) and times the "
-                  "soft mask against the hard lax.top_k mask.")
+      "demo", help="a tour: soft vs hard top-k, magnitude, sort and rank, a loss, timings",
+      description="Prints the soft top-k mask next to the hard one on a small vector "
+                  "(a fractional entry with a non-zero gradient), the top-k in "
+                  "magnitude, a soft sort and a soft rank, a top-k loss with its gradient, "
+                  "and a timing table (soft forward+backward against the hard lax.top_k "
+                  "mask forward: repeats, median, interquartile range, load average). "
+                  "The operators are those of Sander et al. (2023), 'Fast, differentiable "
+                  "and sparse top-k: a convex analysis perspective', ICML. Under a minute "
+                  "on 2 CPU cores.")
   demo.add_argument("--no-timing", action="store_true", help="skip the timing table")
 
   fig = commands.add_parser(
@@ -47,9 +64,14 @@ def _parser():
                   "and soft_topk_mask with p = 2 (kinks) and p = 4/3 (smooth), and the "
                   "same for the top-k in magnitude (second panel).",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  fig.add_argument("--out", default="docs/operator_figure.png", help="output PNG path")
-  fig.add_argument("--l", type=float, default=1.0,
+  fig.add_argument("--out", default=FIGURE_OUT,
+                   help="output PNG path (the committed figure is docs/operator_figure.png: "
+                        "pass it explicitly to regenerate it)")
+  fig.add_argument("--regularization-strength", type=float, default=1.0,
+                   dest="regularization_strength",
                    help="regularization strength of the soft operators")
+  # Deprecated alias of --regularization-strength (0.1.x); hidden from the help.
+  fig.add_argument("--l", type=float, default=None, dest="l", help=argparse.SUPPRESS)
   fig.add_argument("--num", type=int, default=801, help="number of values of s")
   fig.add_argument("--s-range", type=float, nargs=2, default=(-2.0, 6.0),
                    metavar=("SMIN", "SMAX"), help="range of s")
@@ -62,6 +84,10 @@ def _parser():
                   "forward+backward, under jit (benchmarks/bench_topk.py).",
       epilog=_EPILOG_BENCH, formatter_class=argparse.RawDescriptionHelpFormatter,
       allow_abbrev=False)
+  bench.add_argument("--out", default=BENCH_OUT,
+                     help="output path without extension, or a directory (ending in /) "
+                          "for <backend>_matrix[_<tag>].{md,json,png} (default: "
+                          f"{BENCH_OUT})")
   bench.add_argument("--repo", default=None,
                      help="source checkout holding benchmarks/ (default: found "
                           "automatically)")
@@ -85,12 +111,26 @@ def _parser():
   return parser
 
 
+def _figure_strength(args) -> float:
+  if args.l is not None:
+    warnings.warn("implicit-topk figure: --l is deprecated, use --regularization-strength "
+                  "(--l will be removed in 0.3.0)", DeprecationWarning, stacklevel=2)
+    print("implicit-topk figure: --l is deprecated, use --regularization-strength",
+          file=sys.stderr)
+    return args.l
+  return args.regularization_strength
+
+
 def _cmd_figure(args):
+  strength = _figure_strength(args)
   import jax
   jax.config.update("jax_enable_x64", True)
   from implicit_topk import figure
-  figure.make_figure(args.out, l=args.l, num=args.num, s_range=tuple(args.s_range),
-                     dpi=args.dpi)
+  # figure.make_figure takes regularization_strength= (0.2.0) or l= (0.1.x).
+  params = inspect.signature(figure.make_figure).parameters
+  name = "regularization_strength" if "regularization_strength" in params else "l"
+  figure.make_figure(args.out, **{name: strength}, num=args.num,
+                     s_range=tuple(args.s_range), dpi=args.dpi)
   print(f"wrote {args.out}")
   return 0
 
@@ -99,6 +139,8 @@ def _cmd_bench(args, rest):
   from implicit_topk import cli_tools
   if args.bench_help:
     rest = ["--help"]
+  else:
+    rest = list(rest) + ["--out", args.out]
   try:
     cli_tools.run_bench(rest, repo=args.repo)
   except FileNotFoundError as exc:
