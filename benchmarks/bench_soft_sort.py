@@ -56,9 +56,9 @@ def _jax_timer(op, x, w):
 def ours(kind, x, w, k, solver="auto"):
   import implicit_topk as itk
 
-  ops = {"sort": lambda x: itk.soft_sort(x, l=L, p=2.0, solver=solver),
-         "rank": lambda x: itk.soft_rank(x, l=L, p=2.0, solver=solver),
-         "topk": lambda x: itk.soft_topk_values(x, k, l=L, p=2.0, solver=solver)}
+  ops = {"sort": lambda x: itk.soft_sort(x, regularization_strength=L, p=2.0, solver=solver),
+         "rank": lambda x: itk.soft_rank(x, regularization_strength=L, p=2.0, solver=solver),
+         "topk": lambda x: itk.soft_topk_values(x, k, regularization_strength=L, p=2.0, solver=solver)}
   return _jax_timer(ops[kind], jnp.asarray(x), jnp.asarray(w))
 
 

@@ -3,7 +3,7 @@
 
 Grace Hopper's portrait, shipped with matplotlib (no download), in grayscale, gets 10%
 salt-and-pepper noise. Every pixel is replaced by the soft median of its 3x3 neighbourhood,
-``soft_quantile(patch, 0.5, l=...)``: all 9-pixel patches of the image form one batch
+``soft_quantile(patch, 0.5, regularization_strength=...)``: all 9-pixel patches of the image form one batch
 (O(n log n) per patch, no n x n). As ``l -> 0`` it is the hard median filter; as ``l``
 grows it tends to the mean filter. The script reports the PSNR against the clean image
 and writes a figure; it also learns ``l`` by gradient descent on the PSNR, which the
@@ -55,7 +55,7 @@ def patches(image, radius=1):
 
 
 def soft_median_filter(image, l):
-  return itk.soft_quantile(patches(image), 0.5, l=l)
+  return itk.soft_quantile(patches(image), 0.5, regularization_strength=l)
 
 
 def psnr(a, b):

@@ -41,7 +41,7 @@ def cross_entropy(logits, labels):
 
 
 def soft_error(logits, labels, l=1.0):
-  ranks = itk.soft_rank(logits, l=l)  # 1-based, the largest logit gets C
+  ranks = itk.soft_rank(logits, regularization_strength=l)  # 1-based, the largest logit gets C
   true_rank = jnp.take_along_axis(ranks, labels[:, None], axis=1)[:, 0]
   return jnp.mean(jax.nn.relu(logits.shape[-1] - true_rank))
 

@@ -47,18 +47,21 @@ def cross_entropy(logits, labels):
 
 
 def fenchel_young(logits, labels):
-  return losses.topk_fenchel_young_loss(logits, jax.nn.one_hot(labels, logits.shape[-1]), k=1, l=1.0)
+  return losses.topk_fenchel_young_loss(logits, jax.nn.one_hot(labels, logits.shape[-1]), 1,
+                                        regularization_strength=1.0, reduction="mean")
 
 
 LOSSES = {
     "softmax cross-entropy": cross_entropy,
-    "top-k CE, sparse (ours)": functools.partial(losses.topk_cross_entropy, p_k=P_K, l=1.0),
+    "top-k CE, sparse (ours)": functools.partial(losses.topk_cross_entropy, p_k=P_K, regularization_strength=1.0,
+                                                 reduction="mean"),
     "Fenchel-Young, sparse top-1 (ours)": fenchel_young,
-    "smooth top-5 SVM": functools.partial(losses.smooth_topk_svm_loss, k=5, tau=1.0),
+    "smooth top-5 SVM": functools.partial(losses.smooth_topk_svm_loss, k=5, tau=1.0, reduction="mean"),
     "top-k CE, NeuralSort": functools.partial(losses.topk_cross_entropy, p_k=P_K, method="neuralsort",
-                                              inverse_temperature=0.5),
+                                              inverse_temperature=0.5, reduction="mean"),
     "top-k CE, odd-even network": functools.partial(losses.topk_cross_entropy, p_k=P_K, method="odd_even",
-                                                    inverse_temperature=2.0, distribution="cauchy"),
+                                                    inverse_temperature=2.0, distribution="cauchy",
+                                                    reduction="mean"),
 }
 
 

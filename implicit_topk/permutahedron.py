@@ -515,8 +515,8 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, *,
 
   Args:
     x: float array of any shape.
-    q: the levels, a scalar or an array of any shape, in ``[0, 1]`` (checked when
-      concrete).
+    q: the levels in ``[0, 1]`` (checked when concrete): a scalar or an array of any
+      shape (as ``numpy.quantile``; ``jnp.quantile`` takes rank <= 1).
     regularization_strength: :math:`l > 0` (default 1.0), scalar or per row (see
       :func:`soft_sort`).
     p: p-norm exponent ``> 1`` (default 2.0); ignored when ``regularizer`` is given.

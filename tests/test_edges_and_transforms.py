@@ -140,7 +140,7 @@ def test_traced_bad_l_or_k_give_nan():
     (lambda: itk.soft_topk_mask(jnp.ones((3, 5)), jnp.ones((3, 1))), ValueError, "`k` must be a scalar or broadcast"),
     (lambda: itk.soft_topk_mag(jnp.ones((3, 5)), 2, regularization_strength=jnp.ones((3, 1))), ValueError, "`regularization_strength` must be a scalar or broadcast"),
     (lambda: itk.grad_topk(jnp.ones((3, 5)), 2, regularization_strength=jnp.ones((3, 1))), ValueError, "`regularization_strength` must be a scalar or broadcast"),
-    (lambda: itk.soft_topk_values(jnp.ones(5), 2.5), TypeError, "`topk` must be a Python int"),
+    (lambda: itk.soft_topk_values(jnp.ones(5), 2.5), TypeError, "`k` must be a Python int"),
     (lambda: itk.soft_topk_mask(jnp.ones(5), 5.5), ValueError, "0 <= k <= n with n=5"),
     (lambda: itk.hard_topk_mask(jnp.ones(5), -1), ValueError, "0 <= k <= n"),
 ])

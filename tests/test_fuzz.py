@@ -538,7 +538,7 @@ _ROW_OPS = {
     "mag": lambda r, kk, ll: itk.soft_topk_mag(r, kk, regularization_strength=ll, solver="threshold"),
     "grad_topk": lambda r, kk, ll: itk.grad_topk(r, 2, regularization_strength=ll),
     "sparse_softmax": lambda r, kk, ll: itk.sparse_softmax(r * ll, 3),
-    "soft_sort": lambda r, kk, ll: itk.soft_sort(r, l=ll),
+    "soft_sort": lambda r, kk, ll: itk.soft_sort(r, regularization_strength=ll),
 }
 _ROW_JIT = {name: jax.jit(f) for name, f in _ROW_OPS.items()}
 _ROW_VMAP = {name: jax.jit(jax.vmap(f)) for name, f in _ROW_OPS.items()}
@@ -853,7 +853,7 @@ def test_fast_hard_operators(data):
 # 8. permutahedron: soft_sort, soft_rank, soft_quantile, soft_topk_values, permutahedron_argmax
 # ---------------------------------------------------------------------------------------
 
-_sort_jit = jax.jit(itk.soft_sort, static_argnames=("p", "regularizer", "axis", "descending", "topk",
+_sort_jit = jax.jit(itk.soft_sort, static_argnames=("p", "regularizer", "axis", "descending", "k",
                                                    "solver"))
 _rank_jit = jax.jit(itk.soft_rank, static_argnames=("p", "regularizer", "axis", "descending", "solver"))
 
@@ -865,10 +865,10 @@ def test_fast_soft_sort_rank_vs_reference(data):
   x = data.draw(unit_rows(n), label="x")
   l = data.draw(st.lists(log_uniform(-2, 1), min_size=B, max_size=B).map(np.array), label="l")
   desc = data.draw(st.booleans(), label="descending")
-  ys = np.asarray(_sort_jit(x, l=l, p=2.0, descending=desc))
+  ys = np.asarray(_sort_jit(x, regularization_strength=l, p=2.0, descending=desc))
   assert_close(ys, R.soft_sort(x, l, 2.0, descending=desc),
                R.soft_sort_tolerance(x, l, 2.0, descending=desc, eps=U64), "sort")
-  yr = np.asarray(_rank_jit(x, l=l, p=2.0, descending=desc))
+  yr = np.asarray(_rank_jit(x, regularization_strength=l, p=2.0, descending=desc))
   assert_close(yr, R.soft_rank(x, l, 2.0, descending=desc),
                R.soft_rank_tolerance(x, l, 2.0, descending=desc, eps=U64), "rank")
   np.testing.assert_allclose(ys.sum(-1), x.sum(-1), atol=1e-12 * (1 + np.abs(x).sum()))
@@ -890,7 +890,7 @@ def test_permutahedron_sweep(op, solver, data):
   rkw = dict(regularizer="entropy") if reg == "entropy" else dict(p=p)
   if op == "rank":
     l = scale * data.draw(st.lists(log_uniform(-3, 3), min_size=B, max_size=B).map(np.array), label="l/scale")
-    y = np.asarray(_rank_jit(x, l=l, descending=desc, solver=solver, **rkw))
+    y = np.asarray(_rank_jit(x, regularization_strength=l, descending=desc, solver=solver, **rkw))
     name = None if reg == "pnorm" else reg
     ref = R.soft_rank(x, l, p, name, descending=desc)
     assert_close(y, ref, R.soft_rank_tolerance(x, l, p, name, desc, eps=U64), "rank")
@@ -902,7 +902,7 @@ def test_permutahedron_sweep(op, solver, data):
     # l in x's units^(2-p) (sort(c x, l c^(2-p)... ) keeps the problem scale-free
     l = scale ** (2 - p) * data.draw(st.lists(log_uniform(-3, 3), min_size=B, max_size=B)
                                      .map(np.array), label="l")
-    y = np.asarray(_sort_jit(x, l=l, descending=desc, solver=solver, **rkw))
+    y = np.asarray(_sort_jit(x, regularization_strength=l, descending=desc, solver=solver, **rkw))
     name = None if reg == "pnorm" else reg
     ref = R.soft_sort(x, l, p, name, descending=desc)
     assert_close(y, ref, R.soft_sort_tolerance(x, l, p, name, desc, eps=U64), "sort")
@@ -913,7 +913,7 @@ def test_permutahedron_sweep(op, solver, data):
       w = np.abs(w) + 0.25
     l = data.draw(st.lists(log_uniform(-2, 2), min_size=B, max_size=B).map(np.array), label="l")
     x = x / scale
-    y = np.asarray(itk.permutahedron_argmax(x, w, l=l, solver=solver, **rkw))
+    y = np.asarray(itk.permutahedron_argmax(x, w, regularization_strength=l, solver=solver, **rkw))
     regr = R.regularizer(None if reg == "pnorm" else reg, p)
     ref = np.stack([R.permutahedron_row(x[i], w[i], l[i], regr) for i in range(B)])
     tol = np.stack([R.permutahedron_tolerance(x[i], w[i], l[i], regr, eps=U64) for i in range(B)])
@@ -930,23 +930,24 @@ def test_quantile_topk_values_and_limits(data):
   q = np.array(data.draw(st.lists(st.floats(0, 1), min_size=1, max_size=4), label="q"))
   tol_sort = R.soft_sort_tolerance(x, l, eps=U64)
   tol = 2 * tol_sort.max()
-  assert_close(itk.soft_quantile(x, q, l=l), R.soft_quantile(x, q, l), tol, "soft_quantile")
+  assert_close(itk.soft_quantile(x, q, regularization_strength=l), np.moveaxis(R.soft_quantile(x, q, l), -1, 0), tol,
+               "soft_quantile")
   k = data.draw(st.integers(1, n), label="k")
-  assert_close(itk.soft_topk_values(x, k, l=l), R.soft_sort(x, l, descending=True)[:, :k],
+  assert_close(itk.soft_topk_values(x, k, regularization_strength=l), R.soft_sort(x, l, descending=True)[:, :k],
                R.soft_sort_tolerance(x, l, descending=True, eps=U64)[:, :k], "soft_topk_values")
-  assert_close(itk.soft_sort(x, l=l, topk=k), R.soft_sort(x, l)[:, n - k:], tol_sort[:, n - k:],
-               "soft_sort(topk)")
+  assert_close(itk.soft_sort(x, regularization_strength=l, k=k), R.soft_sort(x, l)[:, n - k:], tol_sort[:, n - k:],
+               "soft_sort(k)")
   # small l (p = 2): the PAV blocks are singletons, so the output is the hard sort (sorting:
   # l (x_(i) - x_(i+1)) < 1), the ranks with ties averaged (ranks: l n < the smallest gap)
   # and jnp.quantile; up to the rounding of (rho_i - (rho_i - l x_(i))) / l ~ n u / l
   l_sort = 0.25 / (1 + np.ptp(x))
-  assert_close(itk.soft_sort(x, l=l_sort), np.sort(x, -1), 64 * U64 * n / l_sort, "hard sort")
-  assert_close(itk.soft_quantile(x, q, l=l_sort), np.moveaxis(np.quantile(x, q, axis=-1), 0, -1),
+  assert_close(itk.soft_sort(x, regularization_strength=l_sort), np.sort(x, -1), 64 * U64 * n / l_sort, "hard sort")
+  assert_close(itk.soft_quantile(x, q, regularization_strength=l_sort), np.quantile(x, q, axis=-1),
                64 * U64 * n / l_sort, "hard quantile")
   diffs = np.diff(np.sort(x, -1), axis=-1)
   pos = diffs[diffs > 0]
   l_rank = (pos.min() if pos.size else 1.0) / (4 * n)
-  assert_close(itk.soft_rank(x, l=l_rank), np.stack([R.hard_ranks(r) for r in x]),
+  assert_close(itk.soft_rank(x, regularization_strength=l_rank), np.stack([R.hard_ranks(r) for r in x]),
                64 * U64 * n * (1 + np.abs(x).max() / l_rank), "hard ranks")
 
 
@@ -962,15 +963,15 @@ def test_permutahedron_invariances(data):
   p = data.draw(st.sampled_from((4.0 / 3.0, 2.0, 3.0)), label="p")
   c = data.draw(st.integers(-2**30, 2**30), label="c") * 2.0**-20
   s = 2.0 ** data.draw(st.integers(-20, 20), label="log2 s")
-  r0 = np.asarray(itk.soft_rank(x, l=l, p=p))
+  r0 = np.asarray(itk.soft_rank(x, regularization_strength=l, p=p))
   tol = 64 * U64 * n * (1 + (np.abs(x).max() + abs(c)) / l) * (1 + p)
-  assert_close(itk.soft_rank(x + c, l=l, p=p), r0, tol, "rank shift")
-  assert_close(itk.soft_rank(x * s, l=l * s, p=p), r0, tol, "rank scale")
-  s0 = np.asarray(itk.soft_sort(x, l=l, p=p))
-  assert_close(itk.soft_sort(x * s, l=l * s ** (1 - p), p=p), s0 * s, tol * s * (1 + np.abs(x).max()),
+  assert_close(itk.soft_rank(x + c, regularization_strength=l, p=p), r0, tol, "rank shift")
+  assert_close(itk.soft_rank(x * s, regularization_strength=l * s, p=p), r0, tol, "rank scale")
+  s0 = np.asarray(itk.soft_sort(x, regularization_strength=l, p=p))
+  assert_close(itk.soft_sort(x * s, regularization_strength=l * s ** (1 - p), p=p), s0 * s, tol * s * (1 + np.abs(x).max()),
                "sort scale")
   if p == 2.0:
-    assert_close(itk.soft_sort(x + c, l=l), s0 + c, tol * (1 + abs(c)), "sort shift")
+    assert_close(itk.soft_sort(x + c, regularization_strength=l), s0 + c, tol * (1 + abs(c)), "sort shift")
 
 
 @slow
@@ -1170,7 +1171,7 @@ def _fy_case(data, regs, ps):
     tgt = R.hard_topk_mask(other, kk)
   else:  # an interior point of C_k
     tgt = np.stack([R.mask_row(r, k, 1.0, regr)[0] for r in other])
-  loss_fn = lambda th: itk.topk_fenchel_young_loss(th, tgt, k=k, l=l, solver="threshold",
+  loss_fn = lambda th: itk.topk_fenchel_young_loss(th, tgt, k=k, regularization_strength=l, solver="threshold",
                                                    reduction="none", **_reg_kw(reg, p))
   val = np.asarray(loss_fn(theta))
   grad = np.asarray(jax.grad(lambda th: loss_fn(th).sum())(jnp.asarray(theta)))
@@ -1229,7 +1230,7 @@ def test_fast_soft_error_loss(data):
   x = data.draw(unit_rows(n), label="logits")
   labels = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=B, max_size=B), label="labels"))
   l = data.draw(log_uniform(-2, 1), label="l")
-  val = np.asarray(itk.soft_error_loss(x, labels, l=l, reduction="none"))
+  val = np.asarray(itk.soft_error_loss(x, labels, regularization_strength=l, reduction="none"))
   ranks = R.soft_rank(x, l)
   ref = np.maximum(0.0, n - ranks[np.arange(B), labels])
   np.testing.assert_allclose(val, ref, atol=64 * U64 * n * (1 + 1 / l))
@@ -1250,7 +1251,7 @@ def test_topk_cross_entropy_vs_reference(data):
   m = data.draw(st.one_of(st.none(), st.integers(kmax + 1, n - 1)), label="m")
   l = data.draw(st.floats(0.2, 3.0), label="l")
   p = data.draw(st.sampled_from((4.0 / 3.0, 2.0)), label="p")
-  val = np.asarray(itk.topk_cross_entropy(x, labels, p_k=p_k, m=m, top1_mode=mode, l=l, p=p,
+  val = np.asarray(itk.topk_cross_entropy(x, labels, p_k=p_k, m=m, top1_mode=mode, regularization_strength=l, p=p,
                                           solver="threshold", reduction="none"))
   for i in range(B):
     ref = R.topk_cross_entropy_row(x[i], labels[i], p_k, l, p, top1_mode=mode, m=m)

@@ -32,10 +32,10 @@ def _rows(seed, shape, ties=False):
 
 def test_fast_soft_sort_readme_examples():
   x = jnp.array([5.0, 1.0, 2.0])
-  np.testing.assert_allclose(perm.soft_sort(x, l=1.0), [5 / 3, 8 / 3, 11 / 3], atol=1e-12)
-  np.testing.assert_allclose(perm.soft_sort(x, l=0.1), [1.0, 2.0, 5.0], atol=1e-12)
-  np.testing.assert_allclose(perm.soft_rank(x, l=2.0), [3.0, 1.25, 1.75], atol=1e-12)
-  np.testing.assert_allclose(perm.soft_rank(x, l=1.0), [3.0, 1.0, 2.0], atol=1e-12)
+  np.testing.assert_allclose(perm.soft_sort(x, regularization_strength=1.0), [5 / 3, 8 / 3, 11 / 3], atol=1e-12)
+  np.testing.assert_allclose(perm.soft_sort(x, regularization_strength=0.1), [1.0, 2.0, 5.0], atol=1e-12)
+  np.testing.assert_allclose(perm.soft_rank(x, regularization_strength=2.0), [3.0, 1.25, 1.75], atol=1e-12)
+  np.testing.assert_allclose(perm.soft_rank(x, regularization_strength=1.0), [3.0, 1.0, 2.0], atol=1e-12)
 
 
 # -- against an independent solver -----------------------------------------------------
@@ -77,7 +77,7 @@ def test_permutahedron_argmax_matches_a_primal_qp_over_all_subsets(name, options
     x = rng.normal(size=5)
     w = rng.uniform(0.5, 3.0, size=5)
     l = float(rng.choice([0.3, 1.0]))
-    y = perm.permutahedron_argmax(jnp.asarray(x), jnp.asarray(w), l=l, **options)
+    y = perm.permutahedron_argmax(jnp.asarray(x), jnp.asarray(w), regularization_strength=l, **options)
     np.testing.assert_allclose(y, _slsqp_argmax(x, w, l, OMEGAS[name]), atol=2e-5)
 
 
@@ -86,26 +86,26 @@ def test_permutahedron_argmax_matches_a_primal_qp_over_all_subsets(name, options
 
 def test_small_l_limits_are_sort_rank_and_quantile():
   x = _rows(1, (3, 9))
-  np.testing.assert_allclose(perm.soft_sort(x, l=1e-6), jnp.sort(x, axis=-1), atol=1e-12)
-  np.testing.assert_allclose(perm.soft_sort(x, l=1e-6, descending=True),
+  np.testing.assert_allclose(perm.soft_sort(x, regularization_strength=1e-6), jnp.sort(x, axis=-1), atol=1e-12)
+  np.testing.assert_allclose(perm.soft_sort(x, regularization_strength=1e-6, descending=True),
                              -jnp.sort(-x, axis=-1), atol=1e-12)
-  np.testing.assert_allclose(perm.soft_rank(x, l=1e-6), stats.rankdata(x, axis=-1), atol=1e-12)
-  np.testing.assert_allclose(perm.soft_rank(x, l=1e-6, descending=True),
+  np.testing.assert_allclose(perm.soft_rank(x, regularization_strength=1e-6), stats.rankdata(x, axis=-1), atol=1e-12)
+  np.testing.assert_allclose(perm.soft_rank(x, regularization_strength=1e-6, descending=True),
                              stats.rankdata(-x, axis=-1), atol=1e-12)
   q = jnp.array([0.0, 0.1, 0.5, 0.77, 1.0])
-  np.testing.assert_allclose(perm.soft_quantile(x, q, l=1e-6), jnp.quantile(x, q, axis=-1).T,
+  np.testing.assert_allclose(perm.soft_quantile(x, q, regularization_strength=1e-6), jnp.quantile(x, q, axis=-1),
                              atol=1e-12)
-  np.testing.assert_allclose(perm.soft_topk_values(x, 3, l=1e-6), -jnp.sort(-x, axis=-1)[:, :3],
+  np.testing.assert_allclose(perm.soft_topk_values(x, 3, regularization_strength=1e-6), -jnp.sort(-x, axis=-1)[:, :3],
                              atol=1e-12)
-  np.testing.assert_allclose(perm.soft_sort(x, l=1e-6, topk=3), jnp.sort(x, axis=-1)[:, -3:],
+  np.testing.assert_allclose(perm.soft_sort(x, regularization_strength=1e-6, k=3), jnp.sort(x, axis=-1)[:, -3:],
                              atol=1e-12)
 
 
 def test_ties_get_average_ranks_and_large_l_gives_the_mean():
   x = jnp.array([1.0, 3.0, 3.0, 0.0])
-  np.testing.assert_allclose(perm.soft_rank(x, l=1e-9), [2.0, 3.5, 3.5, 1.0], atol=1e-12)
-  np.testing.assert_allclose(perm.soft_rank(x, l=1e9), np.full(4, 2.5), atol=1e-6)
-  np.testing.assert_allclose(perm.soft_sort(x, l=1e9), np.full(4, 1.75), atol=1e-6)
+  np.testing.assert_allclose(perm.soft_rank(x, regularization_strength=1e-9), [2.0, 3.5, 3.5, 1.0], atol=1e-12)
+  np.testing.assert_allclose(perm.soft_rank(x, regularization_strength=1e9), np.full(4, 2.5), atol=1e-6)
+  np.testing.assert_allclose(perm.soft_sort(x, regularization_strength=1e9), np.full(4, 1.75), atol=1e-6)
 
 
 @pytest.mark.slow
@@ -115,16 +115,16 @@ def test_ties_get_average_ranks_and_large_l_gives_the_mean():
 def test_ranks_monotone_sorted_values_nondecreasing(name, options, seed, l):
   rng = np.random.default_rng(seed)
   x = jnp.asarray(np.round(rng.normal(size=8) * 2, 1))
-  ranks = np.asarray(perm.soft_rank(x, l=l, **options))
+  ranks = np.asarray(perm.soft_rank(x, regularization_strength=l, **options))
   order = np.argsort(np.asarray(x), kind="stable")
   assert np.all(np.diff(ranks[order]) >= -1e-9), ranks
   np.testing.assert_allclose(ranks.sum(), 8 * 9 / 2, rtol=1e-10)
   if name != "entropy":  # entropy needs positive values to sort
-    values = np.asarray(perm.soft_sort(x, l=l, **options))
+    values = np.asarray(perm.soft_sort(x, regularization_strength=l, **options))
     assert np.all(np.diff(values) >= -1e-9), values
     np.testing.assert_allclose(values.sum(), float(x.sum()), atol=1e-9)
     if name == "p2":  # only the Euclidean regularizer is shift equivariant
-      shifted = perm.soft_sort(x + 3.0, l=l, **options)
+      shifted = perm.soft_sort(x + 3.0, regularization_strength=l, **options)
       np.testing.assert_allclose(shifted, values + 3.0, atol=1e-9)
 
 
@@ -135,15 +135,15 @@ def test_ranks_monotone_sorted_values_nondecreasing(name, options, seed, l):
 def test_gradients_pass_check_grads(name, options):
   x, w = _rows(2, (2, 7)), _rows(3, (2, 7))
   positive = jnp.abs(x) + 0.5
-  ops = [lambda x: perm.soft_rank(x, l=0.4, **options)]
-  ops.append(lambda x: perm.soft_sort(x if name != "entropy" else positive + x * 0.1, l=0.4,
+  ops = [lambda x: perm.soft_rank(x, regularization_strength=0.4, **options)]
+  ops.append(lambda x: perm.soft_sort(x if name != "entropy" else positive + x * 0.1, regularization_strength=0.4,
                                       **options))
   ops.append(lambda x: perm.soft_quantile(x if name != "entropy" else positive + x * 0.1,
-                                          jnp.array([0.3, 0.5]), l=0.4, **options))
+                                          jnp.array([0.3, 0.5]), regularization_strength=0.4, **options))
   for op in ops:
     f = lambda x, op=op: jnp.sum(w[..., : op(x).shape[-1]] * op(x))
     check_grads(f, (x,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
-  g = lambda l: jnp.sum(w * perm.soft_rank(x, l=l, **options))
+  g = lambda l: jnp.sum(w * perm.soft_rank(x, regularization_strength=l, **options))
   check_grads(g, (0.4,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
@@ -213,9 +213,9 @@ def test_gradients_with_ties_match_finite_differences(name, options):
 
   positive = np.asarray(x) + 3.0  # > 0: the entropy's soft sort needs positive values
   l_sort = next(l for l in (2.0, 8.0, 32.0, 128.0) if blocks("sort", positive, l))
-  cases = [(lambda x: perm.soft_rank(x, l=0.7, **options), np.asarray(x), "rank", 0.7),
-           (lambda x: perm.soft_sort(x, l=l_sort, **options), positive, "sort", l_sort),
-           (lambda x: perm.permutahedron_argmax(x, jnp.asarray(generator), l=0.7, **options),
+  cases = [(lambda x: perm.soft_rank(x, regularization_strength=0.7, **options), np.asarray(x), "rank", 0.7),
+           (lambda x: perm.soft_sort(x, regularization_strength=l_sort, **options), positive, "sort", l_sort),
+           (lambda x: perm.permutahedron_argmax(x, jnp.asarray(generator), regularization_strength=0.7, **options),
             np.asarray(x), "argmax", 0.7)]
   for op, point, kind, l in cases:
     assert blocks(kind, point, l), kind
@@ -227,7 +227,7 @@ def test_gradients_with_ties_match_finite_differences(name, options):
 def test_backward_has_no_quadratic_intermediate():
   n = 512
   x, w = _rows(4, (n,)), _rows(5, (n,))
-  jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(w * perm.soft_rank(x, l=0.5))))(x)
+  jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(w * perm.soft_rank(x, regularization_strength=0.5))))(x)
   sizes = [np.prod(v.aval.shape) for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars
            if hasattr(v.aval, "shape")]
   assert max(sizes) < 4 * n, max(sizes)
@@ -239,24 +239,24 @@ def test_backward_has_no_quadratic_intermediate():
 @pytest.mark.slow
 def test_batch_axis_jit_vmap_float32():
   x = _rows(6, (3, 8, 2))
-  y = perm.soft_rank(x, l=0.3, axis=1)
+  y = perm.soft_rank(x, regularization_strength=0.3, axis=1)
   rows = jnp.moveaxis(x, 1, -1)
-  np.testing.assert_allclose(jnp.moveaxis(y, 1, -1), perm.soft_rank(rows, l=0.3), atol=1e-12)
-  fn = jax.jit(functools.partial(perm.soft_sort, l=0.3))
+  np.testing.assert_allclose(jnp.moveaxis(y, 1, -1), perm.soft_rank(rows, regularization_strength=0.3), atol=1e-12)
+  fn = jax.jit(functools.partial(perm.soft_sort, regularization_strength=0.3))
   np.testing.assert_allclose(jax.vmap(fn)(rows), fn(rows), atol=1e-12)
-  y32 = perm.soft_rank(rows.astype(jnp.float32), l=0.3)
+  y32 = perm.soft_rank(rows.astype(jnp.float32), regularization_strength=0.3)
   assert y32.dtype == jnp.float32
-  np.testing.assert_allclose(y32, perm.soft_rank(rows, l=0.3), atol=1e-4)
+  np.testing.assert_allclose(y32, perm.soft_rank(rows, regularization_strength=0.3), atol=1e-4)
 
 
 def test_errors_name_the_argument():
   x = _rows(7, (5,))
   with pytest.raises(ValueError, match="`q`"):
     perm.soft_quantile(x, 1.5)
-  with pytest.raises(ValueError, match="`topk`"):
-    perm.soft_sort(x, topk=9)
-  with pytest.raises(ValueError, match="`l`"):
-    perm.soft_rank(x, l=0.0)
+  with pytest.raises(ValueError, match="`k`"):
+    perm.soft_sort(x, k=9)
+  with pytest.raises(ValueError, match="`regularization_strength`"):
+    perm.soft_rank(x, regularization_strength=0.0)
   with pytest.raises(ValueError, match="p-norm"):
     perm.soft_rank(x, regularizer="sigmoid")
   with pytest.raises(TypeError, match="floating"):
@@ -264,7 +264,7 @@ def test_errors_name_the_argument():
 
 
 def test_nan_rows_give_nan():
-  y = perm.soft_rank(jnp.array([[1.0, jnp.nan, 0.0], [1.0, 2.0, 0.0]]), l=0.5)
+  y = perm.soft_rank(jnp.array([[1.0, jnp.nan, 0.0], [1.0, 2.0, 0.0]]), regularization_strength=0.5)
   assert np.all(np.isnan(y[0])) and np.all(np.isfinite(y[1]))
 
 
@@ -275,14 +275,14 @@ def test_nan_rows_give_nan():
 def test_same_limits_and_monotonicity_as_ott():
   soft_sort = pytest.importorskip("ott.tools.soft_sort")
   x = 5 * _rows(8, (6,))  # float64: ott mixes dtypes under x64 with float32 inputs
-  ours_rank = perm.soft_rank(x, l=1e-4)
+  ours_rank = perm.soft_rank(x, regularization_strength=1e-4)
   ott_rank = soft_sort.ranks(x, epsilon=1e-4) + 1  # OTT's ranks are 0-based
   np.testing.assert_allclose(ours_rank, stats.rankdata(x), atol=1e-5)
   np.testing.assert_allclose(ott_rank, stats.rankdata(x), atol=0.1)
-  ours_sort = perm.soft_sort(x, l=1e-4)
+  ours_sort = perm.soft_sort(x, regularization_strength=1e-4)
   np.testing.assert_allclose(ours_sort, jnp.sort(x), atol=1e-5)
   np.testing.assert_allclose(soft_sort.sort(x, epsilon=1e-4), jnp.sort(x), atol=0.1)
   for l, eps in ((0.5, 0.1), (2.0, 1.0)):  # both monotone at any strength
     order = np.argsort(np.asarray(x))
-    assert np.all(np.diff(np.asarray(perm.soft_rank(x, l=l))[order]) >= 0)
+    assert np.all(np.diff(np.asarray(perm.soft_rank(x, regularization_strength=l))[order]) >= 0)
     assert np.all(np.diff(np.asarray(soft_sort.ranks(x, epsilon=eps))[order]) >= -1e-5)

@@ -137,7 +137,7 @@ def _data(seed, shape, *, ties=False, positive=False):
 
 
 def _op(name, kind, solver, l, w=None):
-  options = dict(KINDS[kind], l=l, solver=solver)
+  options = dict(KINDS[kind], regularization_strength=l, solver=solver)
   if name == "rank":
     return lambda x: perm.soft_rank(x, **options)
   if name == "sort":
@@ -182,8 +182,8 @@ def test_all_equal_rows_and_default_auto(kind):
   # (entropy: y > 0 lies in the permutahedron of positive values, so descending)
   np.testing.assert_allclose(perm.soft_sort(x, descending=kind == "entropy", **KINDS[kind]),
                              x, rtol=1e-12)
-  auto = perm.soft_rank(jnp.asarray(_data(1, (3, 9))), l=0.3, **KINDS[kind])
-  explicit = perm.soft_rank(jnp.asarray(_data(1, (3, 9))), l=0.3, solver="pav_jax",
+  auto = perm.soft_rank(jnp.asarray(_data(1, (3, 9))), regularization_strength=0.3, **KINDS[kind])
+  explicit = perm.soft_rank(jnp.asarray(_data(1, (3, 9))), regularization_strength=0.3, solver="pav_jax",
                             **KINDS[kind])
   np.testing.assert_array_equal(auto, explicit)
 
@@ -193,8 +193,8 @@ def test_all_equal_rows_and_default_auto(kind):
 def test_float32_and_float64_match_the_host(kind, dtype):
   x = jnp.asarray(_data(3, (4, 300)), dtype)
   for l in (0.1, 3.0):
-    ours = perm.soft_rank(x, l=l, solver="pav_jax", **KINDS[kind])
-    host = perm.soft_rank(x, l=l, solver="pav", **KINDS[kind])
+    ours = perm.soft_rank(x, regularization_strength=l, solver="pav_jax", **KINDS[kind])
+    host = perm.soft_rank(x, regularization_strength=l, solver="pav", **KINDS[kind])
     assert ours.dtype == dtype
     tol = 2e-4 if dtype == jnp.float32 else 1e-10
     np.testing.assert_allclose(ours, host, rtol=tol, atol=tol * 300)
@@ -204,25 +204,25 @@ def test_float32_and_float64_match_the_host(kind, dtype):
 def test_three_d_inputs_along_each_axis(axis):
   x = jnp.asarray(_data(4, (3, 5, 6)))
   w = jnp.asarray(_data(5, (3, 5, 6), positive=True))
-  for f in (lambda x, s: perm.soft_rank(x, l=0.4, axis=axis, solver=s),
-            lambda x, s: perm.soft_sort(x, l=0.4, axis=axis, solver=s),
-            lambda x, s: perm.soft_sort(x, l=0.4, axis=axis, solver=s, topk=2, descending=True),
-            lambda x, s: perm.soft_quantile(x, jnp.array([0.2, 0.9]), l=0.4, axis=axis,
+  for f in (lambda x, s: perm.soft_rank(x, regularization_strength=0.4, axis=axis, solver=s),
+            lambda x, s: perm.soft_sort(x, regularization_strength=0.4, axis=axis, solver=s),
+            lambda x, s: perm.soft_sort(x, regularization_strength=0.4, axis=axis, solver=s, k=2, descending=True),
+            lambda x, s: perm.soft_quantile(x, jnp.array([0.2, 0.9]), regularization_strength=0.4, axis=axis,
                                             solver=s),
-            lambda x, s: perm.permutahedron_argmax(x, w, l=0.4, axis=axis, solver=s, p=1.5)):
+            lambda x, s: perm.permutahedron_argmax(x, w, regularization_strength=0.4, axis=axis, solver=s, p=1.5)):
     np.testing.assert_allclose(f(x, "pav_jax"), f(x, "pav"), atol=1e-10)
   moved = jnp.moveaxis(x, axis, -1)
-  np.testing.assert_allclose(jnp.moveaxis(perm.soft_rank(x, l=0.4, axis=axis), axis, -1),
-                             perm.soft_rank(moved, l=0.4), atol=1e-12)
+  np.testing.assert_allclose(jnp.moveaxis(perm.soft_rank(x, regularization_strength=0.4, axis=axis), axis, -1),
+                             perm.soft_rank(moved, regularization_strength=0.4), atol=1e-12)
 
 
 def test_non_finite_rows_give_nan_as_the_host():
   x = jnp.array([[1.0, jnp.nan, 0.0], [1.0, jnp.inf, 0.0], [-jnp.inf, 2.0, 0.0],
                  [1.0, 2.0, 0.0]])
   for solver in ("pav_jax", "pav"):
-    y = np.asarray(perm.soft_rank(x, l=0.5, solver=solver))
+    y = np.asarray(perm.soft_rank(x, regularization_strength=0.5, solver=solver))
     assert np.all(np.isnan(y[:3])) and np.all(np.isfinite(y[3])), (solver, y)
-    z = np.asarray(perm.soft_sort(x, l=0.5, solver=solver))
+    z = np.asarray(perm.soft_sort(x, regularization_strength=0.5, solver=solver))
     assert np.all(np.isnan(z[:3])) and np.all(np.isfinite(z[3])), (solver, z)
 
 
@@ -237,9 +237,9 @@ def test_empty_inputs_and_solver_errors():
 
 def test_jit_and_vmap():
   x = jnp.asarray(_data(6, (4, 3, 9)))
-  f = jax.jit(lambda x: perm.soft_sort(x, l=0.3))
+  f = jax.jit(lambda x: perm.soft_sort(x, regularization_strength=0.3))
   np.testing.assert_allclose(jax.vmap(f)(x), f(x), atol=1e-12)
-  np.testing.assert_allclose(f(x), perm.soft_sort(x, l=0.3, solver="pav"), atol=1e-12)
+  np.testing.assert_allclose(f(x), perm.soft_sort(x, regularization_strength=0.3, solver="pav"), atol=1e-12)
 
 
 # -- the solver itself -----------------------------------------------------------------
@@ -313,16 +313,16 @@ def test_gradients_match_finite_differences(kind):
   positive = jnp.asarray(_data(11, (2, 7), positive=True))
   w = jnp.asarray(_data(12, (2, 7)))
   options = dict(KINDS[kind], solver="pav_jax")
-  ops = [(lambda x: perm.soft_rank(x, l=0.4, **options), x),
-         (lambda x: perm.soft_sort(x, l=0.4, **options), positive),
-         (lambda x: perm.permutahedron_argmax(x, jnp.abs(w) + 0.5, l=0.4, **options), x),
-         (lambda x: perm.soft_quantile(x, jnp.array([0.3, 0.5]), l=0.4, **options), positive)]
+  ops = [(lambda x: perm.soft_rank(x, regularization_strength=0.4, **options), x),
+         (lambda x: perm.soft_sort(x, regularization_strength=0.4, **options), positive),
+         (lambda x: perm.permutahedron_argmax(x, jnp.abs(w) + 0.5, regularization_strength=0.4, **options), x),
+         (lambda x: perm.soft_quantile(x, jnp.array([0.3, 0.5]), regularization_strength=0.4, **options), positive)]
   for op, point in ops:
     f = lambda x, op=op: jnp.sum(w[..., :op(x).shape[-1]] * op(x))
     check_grads(f, (point,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
-  g = lambda l: jnp.sum(w * perm.soft_rank(x, l=l, **options))
+  g = lambda l: jnp.sum(w * perm.soft_rank(x, regularization_strength=l, **options))
   check_grads(g, (0.4,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
-  h = lambda v: jnp.sum(w * perm.permutahedron_argmax(x, v, l=0.4, **options))
+  h = lambda v: jnp.sum(w * perm.permutahedron_argmax(x, v, regularization_strength=0.4, **options))
   check_grads(h, (jnp.abs(w) + 0.5,), order=1, modes=("rev",), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
@@ -331,7 +331,7 @@ def test_gradients_equal_the_host_path():
   x = jnp.asarray(_data(13, (3, 30), ties=True))
   w = jnp.asarray(_data(14, (3, 30)))
   for kind in KINDS:
-    grads = [jax.grad(lambda x, s=s: jnp.sum(w * perm.soft_rank(x, l=0.7, solver=s,
+    grads = [jax.grad(lambda x, s=s: jnp.sum(w * perm.soft_rank(x, regularization_strength=0.7, solver=s,
                                                                  **KINDS[kind])))(x)
              for s in ("pav_jax", "pav")]
     np.testing.assert_allclose(grads[0], grads[1], atol=1e-9)
@@ -362,8 +362,8 @@ def test_default_call_exports(name, dtype):
 def test_long_rows_export(l):
   # Rows of 600: block arrays shrink (small l) or the run tests run (a cascade, large l).
   x = jax.random.normal(jax.random.PRNGKey(2), (3, 600), jnp.float32)
-  _check_export(lambda z: perm.soft_rank(z, l=l), x)
-  _check_export(lambda z: perm.soft_sort(z, l=l), x)
+  _check_export(lambda z: perm.soft_rank(z, regularization_strength=l), x)
+  _check_export(lambda z: perm.soft_sort(z, regularization_strength=l), x)
 
 
 def _close(actual, desired):
@@ -405,8 +405,8 @@ SHARD_MAP_SCRIPT = textwrap.dedent("""
     mesh = jax.make_mesh((2,), ("d",))
     short = jax.random.normal(jax.random.PRNGKey(0), (4, 7), jnp.float32)
     long = jax.random.normal(jax.random.PRNGKey(1), (4, 600), jnp.float32)
-    OPERATORS["soft_rank_long"] = lambda z: perm.soft_rank(z, l=0.01)  # fewer blocks: smaller arrays
-    OPERATORS["soft_sort_long"] = lambda z: perm.soft_sort(z, l=300.0)  # a cascade: run tests
+    OPERATORS["soft_rank_long"] = lambda z: perm.soft_rank(z, regularization_strength=0.01)  # fewer blocks: smaller arrays
+    OPERATORS["soft_sort_long"] = lambda z: perm.soft_sort(z, regularization_strength=300.0)  # a cascade: run tests
     for name, f in OPERATORS.items():
       x0 = long if name.endswith("long") else short
       x = jax.device_put(x0, NamedSharding(mesh, P("d")))

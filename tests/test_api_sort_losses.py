@@ -1,0 +1,177 @@
+"""The 0.2.0 API of the sort/rank/quantile operators and the losses.
+
+One name for the regularization strength (``regularization_strength``; the old ``l=``
+warns), a positional ``k`` (``soft_sort``'s old ``topk=`` warns), per-example losses by
+default (optax's convention) and ``soft_quantile`` shaped as ``jnp.quantile``.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import implicit_topk as itk
+
+RNG = np.random.default_rng(18)
+X = jnp.asarray(RNG.normal(size=(3, 6)))
+LABELS = jnp.array([0, 4, 2])
+TARGET = jnp.asarray(np.eye(6)[[1, 0, 5]] + np.eye(6)[[2, 3, 4]])  # rows in C_2
+
+# name -> (function of the keyword arguments, a strength other than the default 1.0)
+STRENGTH_CALLS = {
+    "soft_sort": lambda **kw: itk.soft_sort(X, **kw),
+    "soft_rank": lambda **kw: itk.soft_rank(X, **kw),
+    "soft_quantile": lambda **kw: itk.soft_quantile(X, jnp.array([0.2, 0.7]), **kw),
+    "soft_topk_values": lambda **kw: itk.soft_topk_values(X, 3, **kw),
+    "permutahedron_argmax": lambda **kw: itk.permutahedron_argmax(X, jnp.arange(6.0), **kw),
+    "topk_cross_entropy": lambda **kw: itk.topk_cross_entropy(X, LABELS, p_k=[0.5, 0.5], **kw),
+    "topk_fenchel_young_loss": lambda **kw: itk.topk_fenchel_young_loss(X, TARGET, 2, **kw),
+    "soft_error_loss": lambda **kw: itk.soft_error_loss(X, LABELS, **kw),
+}
+STRENGTH = 0.3
+
+
+def _no_deprecation(f, *args, **kwargs):
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", DeprecationWarning)
+    return f(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", list(STRENGTH_CALLS))
+def test_regularization_strength_is_used_and_does_not_warn(name):
+  call = STRENGTH_CALLS[name]
+  new = _no_deprecation(call, regularization_strength=STRENGTH)
+  default = _no_deprecation(call)
+  # the keyword reaches the operator (a different strength gives a different value) ...
+  assert not np.allclose(new, default), name
+  # ... and the default is 1.0
+  np.testing.assert_allclose(default, call(regularization_strength=1.0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(STRENGTH_CALLS))
+def test_deprecated_l_warns_and_equals_regularization_strength(name):
+  call = STRENGTH_CALLS[name]
+  with pytest.warns(DeprecationWarning, match="`l` is deprecated.*regularization_strength"):
+    old = call(l=STRENGTH)
+  np.testing.assert_allclose(old, call(regularization_strength=STRENGTH), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(STRENGTH_CALLS))
+def test_l_and_regularization_strength_together_is_a_type_error(name):
+  with pytest.raises(TypeError, match="regularization_strength.*`l`"):
+    STRENGTH_CALLS[name](regularization_strength=STRENGTH, l=0.5)
+
+
+def test_deprecation_warning_points_at_the_caller():
+  with pytest.warns(DeprecationWarning) as record:
+    itk.soft_rank(X, l=STRENGTH)
+  assert record[0].filename == __file__
+
+
+@pytest.mark.parametrize("name", ["soft_sort", "soft_rank", "topk_fenchel_young_loss"])
+def test_bad_strength_errors_name_regularization_strength(name):
+  with pytest.raises(ValueError, match="`regularization_strength`"):
+    STRENGTH_CALLS[name](regularization_strength=0.0)
+  with pytest.raises(ValueError, match="`regularization_strength`"), pytest.warns(DeprecationWarning):
+    STRENGTH_CALLS[name](l=-1.0)
+
+
+# -- k ----------------------------------------------------------------------------------
+
+
+def test_soft_sort_k_positional_keyword_and_deprecated_topk():
+  full = _no_deprecation(itk.soft_sort, X, regularization_strength=0.5)
+  by_keyword = _no_deprecation(itk.soft_sort, X, k=2, regularization_strength=0.5)
+  by_position = _no_deprecation(itk.soft_sort, X, 2, regularization_strength=0.5)
+  assert by_keyword.shape == (3, 2)
+  np.testing.assert_allclose(by_keyword, full[:, -2:], rtol=1e-12)
+  np.testing.assert_allclose(by_position, by_keyword, rtol=1e-12)
+  with pytest.warns(DeprecationWarning, match="`topk` is deprecated.*`k`"):
+    old = itk.soft_sort(X, topk=2, regularization_strength=0.5)
+  np.testing.assert_allclose(old, by_keyword, rtol=1e-12)
+  with pytest.raises(TypeError, match="`k`.*`topk`"):
+    itk.soft_sort(X, 2, topk=2)
+  descending = itk.soft_sort(X, 2, regularization_strength=0.5, descending=True)
+  np.testing.assert_allclose(descending, itk.soft_topk_values(X, 2, regularization_strength=0.5),
+                             rtol=1e-12)
+
+
+def test_loss_k_is_positional_or_keyword():
+  np.testing.assert_allclose(itk.topk_fenchel_young_loss(X, TARGET, 2),
+                             itk.topk_fenchel_young_loss(X, TARGET, k=2), rtol=1e-12)
+  np.testing.assert_allclose(itk.smooth_topk_svm_loss(X, LABELS, 2),
+                             itk.smooth_topk_svm_loss(X, LABELS, k=2), rtol=1e-12)
+  assert not np.allclose(itk.smooth_topk_svm_loss(X, LABELS, 2), itk.smooth_topk_svm_loss(X, LABELS, 3))
+
+
+# -- losses: one value per example (optax's convention) ---------------------------------
+
+BATCH = (2, 3)
+SCORES = jnp.asarray(RNG.normal(size=BATCH + (6,)))
+BATCH_LABELS = jnp.asarray(RNG.integers(0, 6, size=BATCH))
+LOSSES = {
+    "topk_cross_entropy": lambda **kw: itk.topk_cross_entropy(SCORES, BATCH_LABELS, p_k=[0.5, 0.5], **kw),
+    "topk_fenchel_young_loss": lambda **kw: itk.topk_fenchel_young_loss(
+        SCORES, itk.hard_topk_mask(-SCORES, 2), 2, **kw),
+    "smooth_topk_svm_loss": lambda **kw: itk.smooth_topk_svm_loss(SCORES, BATCH_LABELS, 2, **kw),
+    "soft_error_loss": lambda **kw: itk.soft_error_loss(SCORES, BATCH_LABELS, **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_losses_return_one_value_per_example_by_default(name):
+  per_example = _no_deprecation(LOSSES[name])
+  assert per_example.shape == BATCH
+  assert per_example.dtype == SCORES.dtype
+  np.testing.assert_allclose(per_example, LOSSES[name](reduction="none"), rtol=1e-12)
+  mean, total = LOSSES[name](reduction="mean"), LOSSES[name](reduction="sum")
+  assert mean.shape == total.shape == ()
+  np.testing.assert_allclose(mean, jnp.mean(per_example), rtol=1e-12)
+  np.testing.assert_allclose(total, jnp.sum(per_example), rtol=1e-12)
+  # the rows are independent examples: each value is that row's loss alone
+  assert np.ptp(np.asarray(per_example)) > 0
+
+
+def test_fenchel_young_batch_shape_follows_axis():
+  scores = jnp.moveaxis(SCORES, -1, 0)  # (6, 2, 3), candidates on axis 0
+  target = jnp.moveaxis(itk.hard_topk_mask(-SCORES, 2), -1, 0)
+  loss = itk.topk_fenchel_young_loss(scores, target, 2, axis=0)
+  assert loss.shape == BATCH
+  np.testing.assert_allclose(loss, LOSSES["topk_fenchel_young_loss"](), rtol=1e-12)
+
+
+# -- soft_quantile has jnp.quantile's shape ---------------------------------------------
+
+
+@pytest.mark.parametrize("x_shape,q_shape,axis", [
+    ((7,), (), -1), ((7,), (3,), 0), ((2, 5), (3,), -1), ((2, 5), (3,), 0),
+    ((2, 5), (), 1), ((4, 3, 5), (2, 2), 1), ((4, 3, 5), (1,), -1), ((4, 3, 5), (), 0),
+])
+def test_soft_quantile_matches_jnp_quantile(x_shape, q_shape, axis):
+  rng = np.random.default_rng(len(x_shape) * 10 + len(q_shape) + axis)
+  x = jnp.asarray(rng.normal(size=x_shape))
+  q = jnp.asarray(rng.uniform(size=q_shape))
+  ours = itk.soft_quantile(x, q, axis=axis, regularization_strength=1e-6)
+  # numpy.quantile takes levels of any rank, jnp.quantile of rank <= 1; same layout
+  expected = np.quantile(np.asarray(x), np.asarray(q), axis=axis)  # method="linear"
+  assert ours.shape == expected.shape
+  np.testing.assert_allclose(ours, expected, atol=1e-12)
+  if q.ndim <= 1:
+    expected = jnp.quantile(x, q, axis=axis)  # method="linear", jnp.quantile's default
+    assert ours.shape == expected.shape
+    np.testing.assert_allclose(ours, expected, atol=1e-12)
+
+
+def test_soft_quantile_levels_first_then_batch():
+  x = jnp.asarray(RNG.normal(size=(2, 5)))
+  q = jnp.array([0.0, 0.5, 1.0])
+  y = itk.soft_quantile(x, q, regularization_strength=1e-6)
+  assert y.shape == (3, 2)
+  np.testing.assert_allclose(y[0], jnp.min(x, -1), atol=1e-12)
+  np.testing.assert_allclose(y[2], jnp.max(x, -1), atol=1e-12)
+  np.testing.assert_allclose(y[1], jnp.median(x, -1), atol=1e-12)
+  # differentiable with the new layout
+  g = jax.grad(lambda x: jnp.sum(itk.soft_quantile(x, q)[1]))(x)
+  assert g.shape == x.shape and np.all(np.isfinite(g))
