@@ -57,3 +57,21 @@ html_theme_options = {
     "page_width": "1100px",
     "sidebar_width": "240px",
 }
+
+
+# docs/softjax.md (the comparison with SoftJAX) is written separately. Until it exists,
+# the blocks of docs/comparison.md between `<!-- softjax-page -->` and
+# `<!-- /softjax-page -->` (its link and toctree entry) are left out, so the build
+# passes with and without it.
+_SOFTJAX_PAGE = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "softjax.md"))
+
+
+def _drop_softjax_blocks(app, docname, source):  # pylint: disable=unused-argument
+  if docname != "comparison" or _SOFTJAX_PAGE:
+    return
+  import re  # pylint: disable=import-outside-toplevel
+  source[0] = re.sub(r"<!-- softjax-page -->.*?<!-- /softjax-page -->", "", source[0], flags=re.S)
+
+
+def setup(app):
+  app.connect("source-read", _drop_softjax_blocks)
