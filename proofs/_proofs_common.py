@@ -185,7 +185,7 @@ _JITTED = {}
 
 
 def lib_fn(itk, p, solver):
-    """jit-compiled ``(x, k, l) -> soft_topk_mask(x, k, l=l, p=p, solver=solver)``.
+    """jit-compiled ``(x, k, l) -> soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver)``.
 
     k and l are traced (the library accepts arrays for both), so one compilation
     per (p, solver, n) serves every instance; eager calls cost ~0.2 s each.
@@ -195,7 +195,7 @@ def lib_fn(itk, p, solver):
     key = (p, solver)
     if key not in _JITTED:
         _JITTED[key] = jax.jit(
-            lambda x, k, l: itk.soft_topk_mask(x, k, l=l, p=p, solver=solver))
+            lambda x, k, l: itk.soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver))
     return _JITTED[key]
 
 

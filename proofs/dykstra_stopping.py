@@ -94,9 +94,9 @@ def check_library(rng):
     x = jnp.asarray(rng.normal(size=(6, 300)))
     for tol in (1e-3, 1e-6):
         for k in (30.0, 30.5):
-            y, info = itk.soft_topk_mask(x, k, l=0.3, p=2.0, solver="dykstra", tol=tol,
+            y, info = itk.soft_topk_mask(x, k, regularization_strength=0.3, p=2.0, solver="dykstra", tol=tol,
                                          return_info=True)
-            exact = itk.soft_topk_mask(x, k, l=0.3, p=2.0, solver="pav")
+            exact = itk.soft_topk_mask(x, k, regularization_strength=0.3, p=2.0, solver="pav")
             l1 = np.sum(np.abs(np.asarray(y) - np.asarray(exact)), axis=-1)
             C.check(np.all(np.asarray(info.residual) <= tol), "library residual above tol")
             C.check(np.allclose(l1, np.asarray(info.residual), atol=1e-10),

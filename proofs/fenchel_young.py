@@ -433,13 +433,13 @@ def check_library(rng):
         @jax.jit
         def value_and_grads(t, target, k, lvec, reg=reg):
             def rows(t, target, lvec):
-                return topk_fenchel_young_loss(t, target, k=k, l=lvec, reduction="none", **reg.lib_kwargs)
+                return topk_fenchel_young_loss(t, target, k=k, regularization_strength=lvec, reduction="none", **reg.lib_kwargs)
 
             def total(t, lvec):
                 r = rows(t, target, lvec)
                 return jnp.sum(r), r
             (_, r), grads = jax.value_and_grad(total, argnums=(0, 1), has_aux=True)(t, lvec)
-            mask = itk.soft_topk_mask(t, k, l=lvec, **reg.lib_kwargs)
+            mask = itk.soft_topk_mask(t, k, regularization_strength=lvec, **reg.lib_kwargs)
             return r, grads, rows(t, mask, lvec)
 
         for k in (2.0, 1.5):
@@ -475,7 +475,7 @@ def check_library(rng):
             k, l = 2.5, 0.8
             y = random_target(rng, n, k, reg)
             H = np.asarray(jax.jit(jax.hessian(lambda t, reg=reg, y=y: topk_fenchel_young_loss(
-                t, y, k=k, l=l, **reg.lib_kwargs)))(jnp.asarray(theta)))
+                t, y, k=k, regularization_strength=l, **reg.lib_kwargs)))(jnp.asarray(theta)))
             dh = np.max(np.abs(H - jacobian_fd(theta, k, l, reg)))
             worst["hess"] = max(worst["hess"], dh)
             C.check(dh <= 1e-5, f"{reg.name}: Hessian vs FD Jacobian of y*: {dh:.2e}")

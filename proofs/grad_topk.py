@@ -310,7 +310,7 @@ def check_library(rng):
         else:
             ref = np.stack([iterative_weighted_decimal(r, 3, 0.8, 40) for r in x])
         C.check(np.max(np.abs(p - ref)) <= 1e-12, f"library iterative {variant}")
-    p = np.asarray(iterative_softmax_topk(jnp.array([3.0, 0.0, 2.0, 1.0, -0.5]), 2, 0.01, variant="weighted"))
+    p = np.asarray(iterative_softmax_topk(jnp.array([3.0, 0.0, 2.0, 1.0, -0.5]), 2, regularization_strength=0.01, variant="weighted"))
     C.check(np.allclose(p, [1.5, 0.0, 0.5, 0.0, 0.0], atol=1e-12), "library weighted limit")
     print(f"  (g) library: grad_topk == enumeration ({count} rows), vs 80 digits on 100*randn(30), "
           f"k=15: rel. err. {rel:.1e}; iterative variants match the references")

@@ -149,7 +149,7 @@ def lib_derivatives(itk, p, solver):
     key = (p, solver)
     if key not in _DERIVS:
         def f(x, k, l):
-            return itk.soft_topk_mask(x, k, l=l, p=p, solver=solver)
+            return itk.soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver)
 
         def all_derivs(x, k, l, c):
             jx, jk, jl = jax.jacrev(f, argnums=(0, 1, 2))(x, k, l)

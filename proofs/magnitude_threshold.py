@@ -228,7 +228,7 @@ def check_library(rng):
     def lib(x, k, l, p, solver):
         key = (p, solver)
         if key not in fns:
-            fns[key] = jax.jit(lambda x, k, l: itk.soft_topk_mag(x, k, l=l, p=p, solver=solver))
+            fns[key] = jax.jit(lambda x, k, l: itk.soft_topk_mag(x, k, regularization_strength=l, p=p, solver=solver))
         return np.asarray(fns[key](jnp.asarray(x), jnp.asarray(k), jnp.asarray(l)))
 
     count, worst = 0, 0.0
@@ -240,7 +240,7 @@ def check_library(rng):
             C.check(err <= 1e-9 * (1 + np.abs(x).max()), f"library {solver} p={p} k={k} l={l}: {err}")
             count += 1
         if p == 2.0:
-            dyk = np.asarray(itk.soft_topk_mag(jnp.asarray(x), k, l=l, p=2.0, solver="dykstra", tol=1e-10))
+            dyk = np.asarray(itk.soft_topk_mag(jnp.asarray(x), k, regularization_strength=l, p=2.0, solver="dykstra", tol=1e-10))
             C.check(np.max(np.abs(dyk - expected)) <= 1e-6, "library dykstra")
             count += 1
     print(f"  (f) library: {count} calls, max error {worst:.1e}")
