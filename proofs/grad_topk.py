@@ -292,7 +292,7 @@ def check_library(rng):
     for n in (3, 6, 8):
         x = rng.normal(size=(3, n)) * rng.choice([0.3, 1.0, 5.0])
         for k in range(1, n):
-            y = np.asarray(grad_topk(jnp.asarray(x), k, 0.6))
+            y = np.asarray(grad_topk(jnp.asarray(x), k, regularization_strength=0.6))
             for xr, yr in zip(x, y):
                 C.check(np.max(np.abs(yr - enumerate_y(xr, k, 0.6)[0])) <= 1e-13, f"library n={n} k={k}")
                 count += 1
