@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from implicit_topk import _validation
 
@@ -94,24 +95,43 @@ def _newton_polish(u, kf, eps, g, tol, steps):
   return g
 
 
-def ot_topk_mask(x, k, *, epsilon=1e-2, squash=True, tol=1e-10, max_iter: int = 1000,
-                 polish: bool = True, axis: int = -1):
-  r"""Entropic-OT soft top-k mask (Xie et al. 2020), as OTT's ``soft_sort.topk_mask``.
+def ot_topk_mask(x: ArrayLike, k: ArrayLike, *, epsilon: ArrayLike = 1e-2, squash: bool = True,
+                 tol: float = 1e-10, max_iter: int = 1000, polish: bool = True,
+                 axis: int = -1) -> jax.Array:
+  r"""Entropic optimal-transport soft top-k mask, as OTT's ``soft_sort.topk_mask``.
+
+  Xie et al. (2020, "Differentiable top-k with optimal transport", NeurIPS) transport
+  the (squashed) scores, with entropic regularization ``epsilon``, onto two targets 0
+  and 1 with masses ``1 - k/n`` and ``k/n``; the mask is the mass sent to 1 (see the
+  module docstring for the problem, the solver and the implicit gradient).
 
   Args:
-    x: float array.
-    k: number of entries to select, 0 < k < n (any real, as the target mass ``k/n``).
-    epsilon: entropic regularization > 0 (OTT's default 1e-2).
-    squash: ``True`` (OTT's sigmoid of whitened scores), or ``False`` to transport ``x``
-      as is (then ``x`` should lie in [0, 1]).
-    tol: Sinkhorn stops once the L1 error of the target marginal is <= tol.
-    max_iter: Sinkhorn iteration cap.
-    polish: finish with (at most 50) Newton steps on the scalar dual until
-      :math:`|\sum_i \mathrm{mask}_i - k| \le` ``tol`` (see above).
-    axis: the axis to select along.
+    x: real array (integers are converted to float).
+    k: number of entries to select, 0 < k < n; any real (it is the target mass
+      ``k/n``): a scalar, or one value per row (an array broadcastable to the shape of
+      ``x`` without ``axis``).
+    epsilon: entropic regularization, > 0 (default 1e-2, OTT's). Smaller is closer to
+      the hard top-k mask and needs more Sinkhorn iterations.
+    squash: ``True`` (default; OTT's sigmoid of the whitened scores), or ``False`` to
+      transport ``x`` as is (then ``x`` should lie in [0, 1]).
+    tol: Sinkhorn stops once the L1 error of the target marginal is ``<= tol``
+      (default 1e-10).
+    max_iter: Sinkhorn iteration cap, >= 0 (default 1000).
+    polish: ``True`` (default) finishes with at most 50 Newton steps on the scalar dual
+      until :math:`|\sum_i \mathrm{mask}_i - k| \le` ``tol``; ``False`` is plain
+      Sinkhorn.
+    axis: the axis to select along (default -1, the last).
 
   Returns:
-    The mask, same shape as ``x``: in (0, 1), sums to ``k``, never exactly sparse.
+    The mask, a float array of the shape and (float) dtype of ``x``: entries in
+    (0, 1), each row along ``axis`` summing to ``k``; never exactly sparse.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from implicit_topk import baselines
+    >>> x = jnp.array([0.3, 2.0, 1.0, -1.0])
+    >>> jnp.round(baselines.ot_topk_mask(x, 2, epsilon=0.1), 3)
+    Array([0.171     , 0.99600005, 0.832     , 0.001     ], dtype=float32)
   """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
