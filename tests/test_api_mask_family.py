@@ -56,7 +56,8 @@ def test_regularization_strength_keyword_works(name):
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_old_l_keyword_warns_and_gives_the_same_result(name):
   want = _call_quietly(name, regularization_strength=0.7)
-  with pytest.warns(DeprecationWarning, match=rf"{name}\(\): `l` is deprecated.*regularization_strength"):
+  match = rf"{name}\(\): `l` is deprecated.*regularization_strength"
+  with pytest.warns(DeprecationWarning, match=match):
     got = _leaves(CALLS[name](l=0.7))
   np.testing.assert_array_equal(got, want)
 
