@@ -102,8 +102,9 @@ def ot_topk_mask(x: ArrayLike, k: ArrayLike, *, epsilon: ArrayLike = 1e-2, squas
 
   Xie et al. (2020, "Differentiable top-k with optimal transport", NeurIPS) transport
   the (squashed) scores, with entropic regularization ``epsilon``, onto two targets 0
-  and 1 with masses ``1 - k/n`` and ``k/n``; the mask is the mass sent to 1 (see the
-  module docstring for the problem, the solver and the implicit gradient).
+  and 1 with masses ``1 - k/n`` and ``k/n``; the mask is the mass sent to 1. The module
+  docstring of ``implicit_topk.baselines.optimal_transport`` details the problem, the
+  solver (log-domain Sinkhorn, then Newton on a scalar dual) and the implicit gradient.
 
   Args:
     x: real array (integers are converted to float).

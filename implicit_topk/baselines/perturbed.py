@@ -16,33 +16,60 @@ estimated by Monte Carlo with ``num_samples`` draws, and its Jacobian by the sam
     J_x y_\sigma(x) = \mathbb{E}_Z\big[\mathrm{topk\_mask}(x + \sigma Z)\, Z^\top\big] / \sigma.
 
 Cost: :math:`O(S\, n \log n)` time (one hard top-k per sample, by sort) and :math:`O(S n)`
-memory for ``S = num_samples``, forward and backward. The output is never exactly sparse
-and both the value and the gradient are random (error :math:`O(1/\sqrt{S})`).
+memory for ``S = num_samples``, forward and backward. The output is in general not exactly
+sparse (an entry is exactly 0 or 1 only when all draws agree on it), and both the value
+and the gradient are random (error :math:`O(1/\sqrt{S})`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from implicit_topk import _validation
 
 
-def perturbed_topk_memberships(x, ks, *, sigma=0.1, num_samples: int = 100, key, axis: int = -1):
-  r"""Perturbed top-k masks for several ``k`` at once (shared noise draws).
+def perturbed_topk_memberships(x: ArrayLike, ks: Sequence[int], *, sigma: ArrayLike = 0.1,
+                               num_samples: int = 100, key: ArrayLike,
+                               axis: int = -1) -> jax.Array:
+  r"""Perturbed top-k masks for several ``k`` at once, from shared noise draws.
+
+  The perturbed optimizer of Berthet et al. (2020, "Learning with differentiable
+  perturbed optimizers", NeurIPS) for the top-k linear program: the expectation of the
+  hard top-k mask of ``x + sigma * Z``, :math:`Z \sim \mathcal{N}(0, I)`, estimated by
+  Monte Carlo, with the Monte Carlo Jacobian estimator
+  :math:`\mathbb{E}[\mathrm{topk\_mask}(x + \sigma Z)\, Z^\top] / \sigma`
+  (Berthet et al., Prop. 3.1). The same draws serve every ``k``.
 
   Args:
-    x: float array.
+    x: real array (integers are converted to float).
     ks: a sequence of ints, each 1 <= k <= n.
-    sigma: noise scale > 0.
-    num_samples: Monte Carlo draws, >= 1.
-    key: a ``jax.random`` key.
-    axis: the axis to select along.
+    sigma: noise scale, > 0 (default 0.1).
+    num_samples: Monte Carlo draws ``S``, an int >= 1 (default 100); the value and the
+      gradient have errors of order :math:`1/\sqrt{S}`.
+    key: a ``jax.random`` key (required).
+    axis: the axis to select along (default -1, the last).
 
   Returns:
-    Array of shape ``batch + (len(ks), n)``: entry ``[..., i, j]`` estimates
+    Float array of shape ``batch + (len(ks), n)`` (``batch`` = the shape of ``x``
+    without ``axis``; the float dtype of ``x``): entry ``[..., i, j]`` estimates
     :math:`P(j \in \mathrm{top}_{k_i}(x + \sigma Z))`. Differentiable in ``x`` by the
-    Monte Carlo Jacobian estimator above (forward and reverse mode).
+    Monte Carlo Jacobian estimator (forward and reverse mode).
+
+  Example:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> from implicit_topk import baselines
+    >>> y = baselines.perturbed_topk_memberships(
+    ...     jnp.array([0.3, 2.0, 1.0]), (1, 2), sigma=0.5, num_samples=1000,
+    ...     key=jax.random.key(0))
+    >>> y.shape
+    (2, 3)
+    >>> jnp.round(y.sum(axis=-1), 3)  # each row sums to its k
+    Array([1., 2.], dtype=float32)
   """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
@@ -66,8 +93,41 @@ def perturbed_topk_memberships(x, ks, *, sigma=0.1, num_samples: int = 100, key,
   return value + surrogate - jax.lax.stop_gradient(surrogate)
 
 
-def perturbed_topk_mask(x, k: int, *, sigma=0.1, num_samples: int = 100, key, axis: int = -1):
-  r"""Perturbed top-k mask :math:`y_\sigma(x)` (see the module doc), same shape as ``x``."""
+def perturbed_topk_mask(x: ArrayLike, k: int, *, sigma: ArrayLike = 0.1, num_samples: int = 100,
+                        key: ArrayLike, axis: int = -1) -> jax.Array:
+  r"""Perturbed top-k mask :math:`y_\sigma(x)`, by Monte Carlo.
+
+  The perturbed optimizer of Berthet et al. (2020, "Learning with differentiable
+  perturbed optimizers", NeurIPS) for the top-k linear program:
+  :math:`y_\sigma(x) = \mathbb{E}_Z[\mathrm{topk\_mask}(x + \sigma Z)]`,
+  :math:`Z \sim \mathcal{N}(0, I)`, estimated with ``num_samples`` draws, and its
+  Jacobian by the same draws (:func:`perturbed_topk_memberships` with ``ks=(k,)``).
+  Cost: :math:`O(S\, n \log n)` time and :math:`O(S n)` memory for ``S = num_samples``.
+
+  Args:
+    x: real array (integers are converted to float).
+    k: number of entries to select, an int, 1 <= k <= n.
+    sigma: noise scale, > 0 (default 0.1).
+    num_samples: Monte Carlo draws, an int >= 1 (default 100).
+    key: a ``jax.random`` key (required).
+    axis: the axis to select along (default -1, the last).
+
+  Returns:
+    The mask, a float array of the shape and (float) dtype of ``x``: entries in
+    [0, 1], each row along ``axis`` summing to ``k``. Random in value and gradient
+    (error of order :math:`1/\sqrt{S}`); not exactly sparse in general.
+
+  Example:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> from implicit_topk import baselines
+    >>> y = baselines.perturbed_topk_mask(jnp.array([0.3, 2.0, 1.0]), 1, sigma=0.5,
+    ...                                   num_samples=1000, key=jax.random.key(0))
+    >>> y.shape
+    (3,)
+    >>> int(jnp.argmax(y)), float(jnp.round(y.sum(), 3))
+    (1, 1.0)
+  """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
   y = perturbed_topk_memberships(x, (k,), sigma=sigma, num_samples=num_samples, key=key, axis=axis)
