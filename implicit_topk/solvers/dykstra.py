@@ -147,13 +147,13 @@ def isotonic_dykstra(
   if n == 1:
     return DykstraResult(u, jnp.zeros(batch_shape, jnp.int32), jnp.zeros(batch_shape, u.dtype))
   u_even, rho_even = _pad_to_even(u, rho)
-  tol = jnp.asarray(tol, u.dtype)
-  floor = jnp.maximum(tol, _rounding_floor(u))
+  tol_array = jnp.asarray(tol, u.dtype)
+  floor = jnp.maximum(tol_array, _rounding_floor(u))
 
   def converged(v, change):
     if residual_fun is None:
       return change <= floor
-    return residual_fun(v[..., :n]) <= tol
+    return residual_fun(v[..., :n]) <= tol_array
 
   def cond(carry):
     _, done, iter_num, _ = carry

@@ -89,7 +89,7 @@ def descending_order(x, *, packed_bits: int | None = None):
   rows, n = x.shape
   keys, key_bits = _descending_keys(x)
   if packed_bits is None:
-    packed_bits = 63 if jax.config.jax_enable_x64 else 31
+    packed_bits = 63 if jax.config.read("jax_enable_x64") else 31
   pack = jnp.int64 if packed_bits > 31 else jnp.int32
   index_bits = max(1, int(n - 1).bit_length())
   digit_bits = packed_bits - index_bits
@@ -389,6 +389,7 @@ def isotonic_blocks(s, w, l, regularizer, *, gallop: int = 8):
   w = jnp.where(ok[:, None], w, 0)
   l = jnp.where(ok, l, 1)[:, None]
   kind = getattr(regularizer, "pav_kind", None)
+  model: _ClosedForm | _Newton
   if kind == ("link", "exp"):
     model = _ClosedForm("exp", s, w, l)
   elif regularizer.exponent == 1:
