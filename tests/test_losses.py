@@ -120,7 +120,7 @@ def test_fenchel_young_hand_values():
                              rtol=1e-9)
   # zero iff the target is the operator's output; >= 0 otherwise.
   from implicit_topk import soft_topk_mask
-  y = soft_topk_mask(theta, 2.5, l=0.7)
+  y = soft_topk_mask(theta, 2.5, regularization_strength=0.7)
   np.testing.assert_allclose(L.topk_fenchel_young_loss(theta, y, k=2.5, regularization_strength=0.7, reduction="none"), 0.0, atol=1e-10)
 
 
@@ -130,7 +130,7 @@ def test_fenchel_young_gradient_convexity():
   target = jnp.zeros((3, 8)).at[:, :3].set(1.0)
   fy = lambda t: L.topk_fenchel_young_loss(t, target, k=3, regularization_strength=0.5, reduction="sum")
   from implicit_topk import soft_topk_mask
-  np.testing.assert_allclose(jax.grad(fy)(theta), soft_topk_mask(theta, 3, l=0.5) - target, atol=1e-10)
+  np.testing.assert_allclose(jax.grad(fy)(theta), soft_topk_mask(theta, 3, regularization_strength=0.5) - target, atol=1e-10)
   check_grads(fy, (theta,), order=2, modes=("rev",))
   check_grads(lambda l: L.topk_fenchel_young_loss(theta, target, k=3, regularization_strength=l), (0.5,), order=1, modes=("rev",))
   other = jnp.asarray(RNG.normal(size=(3, 8)))
