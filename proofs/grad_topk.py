@@ -304,7 +304,7 @@ def check_library(rng):
     C.check(np.max(np.abs(y - exact)) <= 1e-13 and rel <= 1e-11, f"library vs 80 digits: {rel}")
     for variant in ("logits", "weighted"):
         x = rng.normal(size=(4, 7))
-        p = np.asarray(iterative_softmax_topk(jnp.asarray(x), 3, 0.8, variant=variant))
+        p = np.asarray(iterative_softmax_topk(jnp.asarray(x), 3, regularization_strength=0.8, variant=variant))
         if variant == "logits":
             ref = np.stack([iterative_logits(r, 3, 0.8) for r in x])
         else:

@@ -54,7 +54,7 @@ def main():
         if key not in jitted:
             kwargs = {"p": p} if name == "pnorm" else {"regularizer": name}
             jitted[key] = jax.jit(lambda x, k, l: itk.soft_topk_mask(
-                x, k, l=l, solver="threshold", **kwargs))
+                x, k, regularization_strength=l, solver="threshold", **kwargs))
         return np.asarray(jitted[key](jnp.asarray(x), jnp.asarray(k, jnp.float64),
                                       jnp.asarray(l, jnp.float64)))
 
