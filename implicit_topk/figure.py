@@ -14,6 +14,7 @@ Used by ``implicit-topk figure`` (``python -m implicit_topk figure``).
 from __future__ import annotations
 
 import os
+import typing
 
 import numpy as np
 
@@ -44,6 +45,8 @@ def curves(s, *, l: float = DEFAULT_L, op: str = "mask"):
   Returns:
     A dict ``label -> numpy array`` (same length as ``s``).
   """
+  import jax
+
   from implicit_topk import hard
   from implicit_topk import magnitude
   from implicit_topk import ops
@@ -56,9 +59,9 @@ def curves(s, *, l: float = DEFAULT_L, op: str = "mask"):
     if p is None:
       y = hard.hard_topk_mask(x, K) if op == "mask" else hard.hard_topk_mag(x, K)
     elif op == "mask":
-      y = ops.soft_topk_mask(x, K, regularization_strength=l, p=p)
+      y = typing.cast(jax.Array, ops.soft_topk_mask(x, K, regularization_strength=l, p=p))
     else:
-      y = magnitude.soft_topk_mag(x, K, regularization_strength=l, p=p)
+      y = typing.cast(jax.Array, magnitude.soft_topk_mag(x, K, regularization_strength=l, p=p))
     out[label] = np.asarray(y[:, 1] + y[:, 2], np.float64)
   return out
 
