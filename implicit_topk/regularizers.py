@@ -98,7 +98,7 @@ def pav_kernel_spec(regularizer):
 
 
 def pnorm_exponent(regularizer):
-  """a = 1 / (p - 1) for a p-norm regularizer (an int when it is one), else None."""
+  """``a = 1 / (p - 1)`` for a p-norm regularizer (an int when it is one), else ``None``."""
   kind = getattr(regularizer, "pav_kind", None)
   if kind is None or kind[0] != "pnorm":
     return None
@@ -122,7 +122,7 @@ class PNorm:
 
   @property
   def exponent(self) -> float | int:
-    """a = 1 / (p - 1); an int when it is one (p = 2 -> 1, p = 4/3 -> 3)."""
+    """``a = 1 / (p - 1)``; an int when it is one (``p = 2`` gives 1, ``p = 4/3`` gives 3)."""
     a = 1.0 / (self.p - 1.0)
     rounded = round(a)
     if rounded >= 1 and abs(a - rounded) <= 1e-9 * max(1.0, a):
@@ -142,9 +142,9 @@ class PNorm:
     return jnp.power(t, self.p - 1.0)
 
   def link(self, z):
-    """g(z) = sign(z) |z|^a on the whole line (permutahedra with any w).
+    """``g(z) = sign(z) |z|^a`` on the whole line (permutahedra with any ``w``).
 
-    For a < 1 (p > 2) the derivative at 0 is infinite; it is returned as 0 there.
+    For ``a < 1`` (``p > 2``) the derivative at 0 is infinite; it is returned as 0 there.
     """
     a = self.exponent
     if a == 1:
@@ -159,7 +159,7 @@ class PNorm:
     return jnp.abs(y) ** self.p / self.p
 
   def mask(self, z):
-    """clip(g(z), 0, 1) = min(1, max(z, 0) ** a), with finite derivatives."""
+    """``clip(g(z), 0, 1) = min(1, max(z, 0) ** a)``, with finite derivatives."""
     inside = (z > 0) & (z < 1)
     safe_z = jnp.where(inside, z, jnp.asarray(0.5, z.dtype))
     a = self.exponent
@@ -182,8 +182,8 @@ class Entropy:
 
   Never exactly 0 (dense), exactly 1 for the clearly kept entries; kinks where an
   entry reaches 1. ``k = 1`` gives ``softmax(x / l)`` exactly (no entry can reach 1
-  before the others vanish). Su's "Softmax Sequel" (Jianlin Su, kexue.fm): "ThreTopK with min(1, e^x)"; on each piece
-  of the partition {1, (0,1)} the threshold has the closed form
+  before the others vanish). Jianlin Su's "Softmax Sequel" (kexue.fm): "ThreTopK with
+  min(1, e^x)"; on each piece of the partition {1, (0,1)} the threshold has the closed form
   :math:`\lambda = l \log\sum_{i \notin O} e^{x_i/l} - l \log(k - |O|)`.
   """
 
@@ -197,7 +197,7 @@ class Entropy:
     return jnp.log(t)
 
   def link(self, z):
-    """g(z) = exp(z) on the whole line (permutahedra of positive w: soft ranks)."""
+    """``g(z) = exp(z)`` on the whole line (permutahedra of positive ``w``: soft ranks)."""
     return jnp.exp(z)
 
   def omega(self, y):
@@ -208,8 +208,8 @@ class Entropy:
 class BinaryEntropy:
   r""":math:`\omega(y) = y \log y + (1 - y) \log(1 - y)`: :math:`y_i = \sigma((x_i - \lambda)/l)`.
 
-  The Fermi-Dirac / sigmoid mask (Su's "Softmax Sequel" (Jianlin Su, kexue.fm): "ThreTopK with sigmoid"): smooth
-  (:math:`C^\infty`) and dense, never exactly 0 or 1.
+  The Fermi-Dirac / sigmoid mask (Jianlin Su's "Softmax Sequel" (kexue.fm): "ThreTopK
+  with sigmoid"): smooth (:math:`C^\infty`) and dense, never exactly 0 or 1.
   """
 
   saturation = (-float("inf"), float("inf"))
@@ -230,8 +230,9 @@ class Laplace:
   r"""The Laplace CDF: :math:`y_i = F((x_i - \lambda)/l)`, :math:`F(z) = e^z/2` for
   :math:`z < 0` and :math:`1 - e^{-z}/2` for :math:`z \ge 0`.
 
-  Su's "Softmax Sequel" (Jianlin Su, kexue.fm): "both worlds" (also known as LapSum): :math:`C^1`, dense, and on each
-  piece of the partition {z < 0, z >= 0} the threshold solves a quadratic in
+  Jianlin Su's "Softmax Sequel" (kexue.fm): "both worlds" (also known as LapSum):
+  :math:`C^1`, dense, and on each piece of the partition ``{z < 0, z >= 0}`` the
+  threshold solves a quadratic in
   :math:`e^{\lambda/l}` (closed form). :math:`\omega` is the integral of
   :math:`F^{-1}`: :math:`t \log 2t - t` below 1/2, :math:`(1-t)\log 2(1-t) - (1-t)`
   above.

@@ -66,7 +66,8 @@ def neuralsort(x: ArrayLike, *, tau: ArrayLike = 1.0, axis: int = -1) -> jax.Arr
   return jax.nn.softmax(p_max / tau, axis=-1)
 
 
-def softsort(x: ArrayLike, *, tau: ArrayLike = 1.0, power: float = 1.0, axis: int = -1) -> jax.Array:
+def softsort(x: ArrayLike, *, tau: ArrayLike = 1.0, power: float = 1.0,
+             axis: int = -1) -> jax.Array:
   r"""SoftSort relaxed permutation matrix of the descending sort.
 
   SoftSort (Prillo & Eisenschlos, 2020, "SoftSort: a continuous relaxation for the
