@@ -2,12 +2,14 @@ r"""Solver objects for the row-wise threshold problems, in the style of jaxopt.
 
 Every solver finds the threshold :math:`\lambda` (one per row) of a problem from
 :mod:`implicit_topk.problems` (the top-k mask by default) as the root of its optimality
-function :math:`\phi(\lambda; x, k, l)` along the last axis. ``run`` returns
-``OptStep(params=lam, state)`` like a jaxopt solver; ``primal`` maps ``lam`` to the
-operator's output; ``apply`` (alias ``mask``) does both. With ``implicit_diff=True``
-the derivatives of ``lam`` w.r.t. ``x``, ``k`` and ``l`` come from the implicit function
-theorem on ``optimality_fun`` (see :mod:`implicit_topk._implicit`); subclasses only
-say how to find the root.
+function :math:`\phi(\lambda; x, k, l)` along the last axis, with :math:`l` the
+regularization strength (``regularization_strength`` in the operators). ``run``
+returns ``OptStep(params=lam, state)`` like a jaxopt solver; ``primal`` maps ``lam``
+to the operator's output; ``apply`` (alias ``mask``) does both. With
+``implicit_diff=True`` the derivatives of ``lam`` w.r.t. ``x``, ``k`` and ``l`` come
+from the implicit function theorem on ``optimality_fun`` (Blondel et al. 2022,
+"Efficient and modular implicit differentiation", NeurIPS; see
+:mod:`implicit_topk._implicit`); subclasses only say how to find the root.
 """
 
 from __future__ import annotations
@@ -25,19 +27,63 @@ from implicit_topk.problems import layout as _layout
 
 
 class OptStep(NamedTuple):
-  """What ``run`` returns: the solution and the solver's final state."""
+  r"""What a solver's ``run`` returns: the thresholds and the solver's final state.
+
+  The return type of :meth:`ThresholdSolver.run`, :meth:`PAVSolver.run` and
+  :meth:`DykstraSolver.run`, named as in jaxopt (Blondel et al. 2022, "Efficient and
+  modular implicit differentiation", NeurIPS): ``params`` is the solution and
+  ``state`` the solver's diagnostics. Pass ``params`` to the solver's ``primal`` to
+  get the operator's output.
+
+  Attributes:
+    params: the thresholds :math:`\lambda`, one per row: shape ``x.shape[:-1]`` (the
+      row shape of the problem's layout), dtype of ``x``. Differentiable w.r.t. the
+      inputs of ``run``.
+    state: a :class:`RootState` (iterations and residual per row).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> step = itk.ThresholdSolver().run(None, jnp.array([3.0, 1.0, 2.0]), 1.0, 1.0)
+    >>> step.params
+    Array(2., dtype=float32)
+    >>> params, state = step  # a NamedTuple
+    >>> state.residual
+    Array(0., dtype=float32)
+  """
 
   params: jax.Array
   state: Any
 
 
 class RootState(NamedTuple):
-  """Diagnostics, one entry per row.
+  r"""Diagnostics of a threshold solve, one entry per row.
+
+  The ``state`` of the :class:`OptStep` a solver's ``run`` returns, and the second
+  output of the operators called with ``return_info=True`` (e.g.
+  :func:`~implicit_topk.soft_topk_mask`, :func:`~implicit_topk.soft_topk_mag`). Both
+  fields are held constant under differentiation.
 
   Attributes:
-    iter_num: passes over the data the solver made (0 for direct solvers).
-    residual: :math:`|\\phi(\\lambda)|` at the returned threshold (for the mask,
-      :math:`|\\sum_i y_i - k|`).
+    iter_num: int32, shape of the rows (``x.shape[:-1]`` for a last-axis operator):
+      the passes over the data the solver made: Newton iterations for
+      :class:`ThresholdSolver` (at most its ``maxiter``), sweeps for
+      :class:`DykstraSolver`, 0 for the direct :class:`PAVSolver`.
+    residual: float, same shape: :math:`|\phi(\lambda)| \ge 0` at the returned
+      threshold; for the top-k mask :math:`|\sum_i y_i - k|`, so 0 up to rounding for
+      the exact solvers and at most ``tol`` for a converged Dykstra row.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([[3.0, 1.0, 2.0, -1.0], [0.0, 1.0, 2.0, 3.0]])
+    >>> y, info = itk.soft_topk_mask(x, 2.0, regularization_strength=2.0, p=2.0,
+    ...                              solver="threshold", return_info=True)
+    >>> y
+    Array([[1.  , 0.25, 0.75, 0.  ],
+           [0.  , 0.25, 0.75, 1.  ]], dtype=float32)
+    >>> info
+    RootState(iter_num=Array([2, 1], dtype=int32), residual=Array([0., 0.], dtype=float32))
   """
 
   iter_num: jax.Array
@@ -46,17 +92,29 @@ class RootState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ThresholdRootSolver:
-  """Base class: subclasses implement ``_solve(init, x, k, l) -> (lam, iter_num)``.
+  r"""Base class of the threshold solvers (:class:`ThresholdSolver`, :class:`PAVSolver`,
+  :class:`DykstraSolver`).
+
+  A frozen, hashable dataclass (so ``jax.jit`` caches can key on it) holding the
+  problem; subclasses implement ``_solve(init, x, k, l) -> (lam, iter_num)``, and
+  this class adds the implicit derivatives, the diagnostics and the output map.
 
   Attributes:
-    regularizer: the separable regularizer of the top-k mask (default ``PNorm(4/3)``);
-      shorthand for ``problem=CappedSimplex(regularizer)``.
-    problem: the threshold problem (:mod:`implicit_topk.problems`); give this or
-      ``regularizer``, not both.
-    implicit_diff: differentiate by the implicit function theorem (default). When
-      False, subclasses that support it differentiate through their iterations.
-    implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``
-      (reverse mode only), see :mod:`implicit_topk._implicit`.
+    regularizer: the separable regularizer of the top-k mask, an
+      :class:`implicit_topk.Regularizer` (default ``None``: ``PNorm(4/3)``);
+      shorthand for ``problem=CappedSimplex(regularizer)``. After construction it
+      holds the problem's regularizer.
+    problem: the threshold problem, a :class:`~implicit_topk.problems.CappedSimplex`
+      (the top-k mask) or :class:`~implicit_topk.problems.Magnitude` (the top-k in
+      magnitude) (default ``None``: the mask with ``regularizer``). Give this or
+      ``regularizer``, not both (``ValueError``); a problem the solver cannot solve
+      raises ``ValueError`` too.
+    implicit_diff: ``True`` (default): differentiate ``lam`` by the implicit function
+      theorem on the optimality function. ``False``: differentiate through the
+      iterations (unrolled; :class:`ThresholdSolver` and :class:`DykstraSolver`
+      only, others raise ``ValueError`` in ``run``).
+    implicit_diff_backend: ``"lax"`` (default; forward and reverse mode) or
+      ``"jaxopt"`` (reverse mode only, needs jaxopt).
   """
 
   regularizer: Any = None
@@ -78,18 +136,27 @@ class ThresholdRootSolver:
     self.problem.supports(self.name)
 
   # -- the problem ------------------------------------------------------------
-  def primal(self, lam, x, l):
-    """The operator's output for thresholds ``lam`` (one per row of ``x``)."""
+  def primal(self, lam, x, l) -> Any:
+    """The operator's output for thresholds ``lam``.
+
+    Args:
+      lam: thresholds, one per row of ``x`` (``run(...).params``).
+      x: the scores the thresholds were solved on.
+      l: regularization strength, broadcastable to the row shape, > 0.
+
+    Returns:
+      The output (the top-k mask for the default problem), shaped like ``x``.
+    """
     return self.problem.primal(lam, x, l)
 
   @property
-  def layout(self):
+  def layout(self) -> Any:
     """The problem's reduction layout (:mod:`implicit_topk.problems.layout`)."""
     return getattr(self.problem, "layout", _layout.DEFAULT)
 
-  def with_layout(self, layout) -> "ThresholdRootSolver":
+  def with_layout(self, layout: Any) -> "ThresholdRootSolver":
     """This solver on the same problem laid out by ``layout`` (e.g. a bound
-    :class:`~implicit_topk.problems.layout.Segments`)."""
+    :class:`~implicit_topk.problems.Segments`)."""
     new = copy.copy(self)
     object.__setattr__(new, "problem", self.problem.with_layout(layout))
     new.problem.supports(self.name)
@@ -103,8 +170,13 @@ class ThresholdRootSolver:
     l = jnp.broadcast_to(jnp.asarray(l, dtype), rows)
     return x, k, l
 
-  def optimality_fun(self, lam, x, k, l):
-    """phi(lam; x, k, l), one entry per row; zero at the solution."""
+  def optimality_fun(self, lam, x, k, l) -> jax.Array:
+    r"""The optimality function :math:`\phi(\lambda; x, k, l)`, one entry per row.
+
+    Continuous and nonincreasing in :math:`\lambda`, zero at the solution: for the
+    top-k mask :math:`\sum_i y_i(\lambda) - k`. The implicit derivatives are taken
+    on it. Arguments as in :meth:`run`.
+    """
     return self.problem.optimality(lam, *self._per_row(x, k, l))
 
   # -- solving ----------------------------------------------------------------
@@ -117,18 +189,23 @@ class ThresholdRootSolver:
         "use implicit_diff=True.")
 
   def run(self, init_params, x, k, l) -> OptStep:
-    """Solves for the thresholds.
+    """Solves for the thresholds, one per row.
 
     Args:
-      init_params: initial thresholds, shape ``x.shape[:-1]``, or None.
+      init_params: initial thresholds, shape ``x.shape[:-1]``, or ``None`` (the
+        problem's own starting guess). Only :class:`ThresholdSolver` uses it; the
+        direct solvers ignore it.
       x: scores, float array ``(..., n)``; the problem is along the last axis (or
         along the rows of the problem's ``layout``: segments, a pytree).
       k: target sums, shape broadcastable to the row shape (``x.shape[:-1]``), in
-        [0, n].
-      l: regularization strengths, broadcastable to the row shape, > 0.
+        ``[0, n]`` (fractional values allowed).
+      l: regularization strength (``regularization_strength`` in the operators),
+        broadcastable to the row shape, > 0.
 
     Returns:
-      ``OptStep(params=lam, state=RootState(iter_num, residual))``.
+      ``OptStep(params=lam, state=RootState(iter_num, residual))``: ``lam`` has the
+      row shape and the dtype of ``x``, and is differentiable w.r.t. ``x``, ``k``
+      and ``l``.
     """
     x, k, l = self._per_row(x, k, l)
     layout = self.layout
@@ -154,9 +231,14 @@ class ThresholdRootSolver:
         jax.lax.stop_gradient(lam), *jax.lax.stop_gradient((x, k, l))))
     return OptStep(params=lam, state=RootState(iter_num=iter_num, residual=residual))
 
-  def apply(self, x, k, l, init_params=None):
-    """The operator along the last axis: ``primal(run(...).params, x, l)``, solved on
-    ``problem.normalize(x)`` (so ``init_params`` is relative to that input)."""
+  def apply(self, x, k, l, init_params=None) -> Any:
+    """The operator along the last axis: ``primal(run(...).params, x, l)``.
+
+    Solved on ``problem.normalize(x)`` (an equivalent, better-conditioned input), so
+    ``init_params`` is relative to that input. Arguments as in :meth:`run`; returns
+    the output shaped like ``x`` (the top-k mask for the default problem). Also
+    available as ``mask``.
+    """
     x, _, l_rows = self._per_row(x, k, l)
     x = self.problem.normalize(x, l_rows)
     return self.primal(self.run(init_params, x, k, l).params, x, l_rows)

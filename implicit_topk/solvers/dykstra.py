@@ -53,7 +53,7 @@ class DykstraResult(NamedTuple):
   Attributes:
     v: the isotonic regression (shape of ``u``).
     iter_num: sweeps made (int32, per row).
-    change: max |v_new - v_old| over the last sweep (per row): the stopping statistic.
+    change: ``max(abs(v_new - v_old))`` over the last sweep (per row): the stopping statistic.
   """
 
   v: jax.Array
@@ -106,7 +106,7 @@ def _pad_to_even(u, rho):
 
 
 def _rounding_floor(u):
-  """The change below which a sweep only moves rounding errors: 8 eps max|u| per row."""
+  """The change below which a sweep only moves rounding errors: ``8 eps max(abs(u))`` per row."""
   eps = float(np.finfo(np.dtype(u.dtype)).eps)
   return 8 * eps * jnp.max(jnp.abs(u), axis=-1)
 
@@ -123,7 +123,7 @@ def isotonic_dykstra(
 
   Along the last axis, any leading batch shape. Rows stop independently, all rows stop
   at ``max_iter`` sweeps. By default a row stops once a sweep changes no entry by more
-  than ``tol`` (or than rounding, ``8 eps max|u|``). This is *not* a bound on the
+  than ``tol`` (or than rounding, ``8 eps max(abs(u))``). This is *not* a bound on the
   distance to the solution: Dykstra converges linearly with a rate close to 1 on long
   blocks, and the error can be orders of magnitude above the last change. When the
   caller can certify accuracy, ``residual_fun(v)`` (one value per row) replaces the
@@ -203,21 +203,55 @@ def isotonic_dykstra_unrolled(u, weights=None, *, num_sweeps: int) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class DykstraSolver(ThresholdRootSolver):
-  r"""``p = 2`` problems by Dykstra's algorithm on their isotonic dual (pure JAX).
+  r"""Approximate threshold solver for ``p = 2``: Dykstra's algorithm on the isotonic dual.
 
-  One sort per row, then sweeps of O(n) parallel work (the problem's
-  ``dykstra_threshold``). For the mask, a row stops once
-  :math:`|\sum_i y_i(\lambda) - k| \le` ``tol``, which certifies
-  :math:`\|y - y^\star\|_1 \le` ``tol`` (``proofs/dykstra_stopping.md``), or after
-  ``maxiter`` sweeps. (A tolerance on the change between sweeps, the usual rule,
-  certifies nothing: at n = 1e3 a change of 1e-6 per sweep still left an error of
-  2e-2.) ``run`` reports the sweeps made (``state.iter_num``) and the residual
-  (``state.residual``). With ``implicit_diff=False`` it makes exactly ``maxiter``
-  sweeps and is differentiated through them (unrolled).
+  For the Euclidean top-k mask (Sander et al. 2023, "Fast, differentiable and sparse
+  top-k: a convex analysis perspective", ICML),
+  :math:`y = \mathrm{clip}((x - \lambda) / l, 0, 1)` with :math:`\sum_i y_i = k`,
+  :math:`\lambda / l` is a value of the isotonic regression of
+  :math:`s / l - w` (:math:`s` the sorted scores, :math:`w` the capped-simplex
+  weights), the dual that PAV solves exactly (Blondel et al. 2020, "Fast
+  differentiable sorting and ranking", ICML). Here it is solved by Dykstra's
+  alternating projections onto the even and odd pair constraints (Boyle and Dykstra
+  1986, "A method for finding projections onto the intersection of convex sets in
+  Hilbert spaces"): one sort per row, then sweeps of O(n) fully parallel pure-JAX
+  work, the accelerator-friendly counterpart of PAV. Convergence is linear, slower
+  on long pooled blocks, so it stops at a tolerance.
+
+  For the mask a row stops once :math:`|\sum_i y_i(\lambda) - k| \le` ``tol``,
+  which certifies :math:`\|y - y^\star\|_1 \le` ``tol``, or after ``maxiter``
+  sweeps (a tolerance on the change between sweeps, the usual rule, certifies
+  nothing). The derivatives come from the implicit function theorem on
+  :math:`\sum_i y_i - k = 0` (Blondel et al. 2022, "Efficient and modular implicit
+  differentiation", NeurIPS), or with ``implicit_diff=False`` from autodiff through
+  exactly ``maxiter`` sweeps (unrolled). The interface follows jaxopt.
 
   Attributes:
-    tol: the stopping tolerance (0: run ``maxiter``).
-    maxiter: maximum number of sweeps.
+    tol: the stopping tolerance, a float >= 0 (default ``1e-6``); 0 runs
+      ``maxiter`` sweeps.
+    maxiter: maximum number of sweeps, an int >= 1 (default 10000).
+    regularizer: must be ``PNorm(2.0)`` (``p = 2``), else ``ValueError``; the
+      default ``None`` means ``PNorm(4/3)`` and is refused, so pass it (or
+      ``problem``). See :class:`ThresholdRootSolver` for the inherited fields
+      ``problem`` (a ``p = 2`` :class:`~implicit_topk.problems.CappedSimplex` or
+      :class:`~implicit_topk.problems.Magnitude` on whole rows of the last axis),
+      ``implicit_diff`` (default ``True``) and ``implicit_diff_backend`` (default
+      ``"lax"``).
+
+  ``run(init_params, x, k, l)`` ignores ``init_params`` and returns
+  ``OptStep(params=lam, state=RootState(iter_num, residual))`` with the sweeps made
+  and the final residual per row.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([3.0, 1.0, 2.0, -1.0])
+    >>> solver = itk.DykstraSolver(regularizer=itk.PNorm(2.0), tol=1e-6)
+    >>> step = solver.run(None, x, 2.0, 2.0)  # k = 2, regularization strength 2
+    >>> step
+    OptStep(params=Array(0.5, dtype=float32), state=RootState(iter_num=Array(1, dtype=int32), residual=Array(0., dtype=float32)))
+    >>> solver.primal(step.params, x, 2.0)
+    Array([1.  , 0.25, 0.75, 0.  ], dtype=float32)
   """
 
   tol: float = 1e-6

@@ -27,7 +27,58 @@ kernel_spec = regularizers.pav_kernel_spec  # used by the permutahedron operator
 
 @dataclasses.dataclass(frozen=True)
 class PAVSolver(ThresholdRootSolver):
-  """Exact thresholds by numba PAV on the problem's isotonic dual (host callback)."""
+  r"""Exact threshold solver: Pool-Adjacent-Violators on the isotonic dual (numba, host).
+
+  The top-k mask (Sander et al. 2023, "Fast, differentiable and sparse top-k: a
+  convex analysis perspective", ICML),
+
+  .. math::
+
+      y^\star = \arg\max_{y \in [0,1]^n,\ \sum_i y_i = k}\
+                 \langle x, y\rangle - l\,\Omega(y), \qquad
+      y_i = \mathrm{mask}\big((x_i - \lambda) / l\big),
+
+  has a dual that is an isotonic regression of the sorted scores. Its solution is
+  found exactly in one pass by Pool-Adjacent-Violators after one sort per row, as for
+  the soft sort and rank (Blondel et al. 2020, "Fast differentiable sorting and
+  ranking", ICML); the threshold :math:`\lambda` is read off the pooled block that
+  straddles ``k``. Cost per row: one sort plus O(n) for ``p = 2`` and ``p = 4/3``;
+  other ``p`` solve each block value by a safeguarded Newton iteration. Rows run in
+  parallel in numba kernels behind one host callback for the whole batch: fast on
+  CPU, but the call cannot be exported with ``jax.export`` and gathers a sharded
+  input to one device (use :class:`ThresholdSolver` there). The derivatives come from
+  the implicit function theorem on :math:`\sum_i y_i(\lambda) - k = 0` (Blondel et
+  al. 2022, "Efficient and modular implicit differentiation", NeurIPS); the
+  interface follows jaxopt.
+
+  Attributes:
+    regularizer: the regularizer of the top-k mask (default ``None``:
+      ``PNorm(4/3)``); one with a PAV kernel (the p-norms and the built-in
+      regularizers), else ``ValueError``.
+    problem: the threshold problem (default ``None``: the mask with
+      ``regularizer``); :class:`~implicit_topk.problems.CappedSimplex` or
+      :class:`~implicit_topk.problems.Magnitude` on whole rows of the last axis
+      (not segments, pytrees or an axis split over devices). Give this or
+      ``regularizer``, not both.
+    implicit_diff: must stay ``True`` (default): a direct method has no iterations
+      to differentiate through.
+    implicit_diff_backend: ``"lax"`` (default; forward and reverse mode) or
+      ``"jaxopt"`` (reverse mode only).
+
+  ``run(init_params, x, k, l)`` ignores ``init_params`` and returns
+  ``OptStep(params=lam, state=RootState(iter_num=0, residual))``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([3.0, 1.0, 2.0, -1.0])
+    >>> solver = itk.PAVSolver(regularizer=itk.PNorm(2.0))
+    >>> step = solver.run(None, x, 2.0, 2.0)  # k = 2, regularization strength 2
+    >>> step
+    OptStep(params=Array(0.5, dtype=float32), state=RootState(iter_num=Array(0, dtype=int32), residual=Array(0., dtype=float32)))
+    >>> solver.apply(x, 2.0, 2.0)
+    Array([1.  , 0.25, 0.75, 0.  ], dtype=float32)
+  """
 
   name = "pav"
 
