@@ -38,7 +38,18 @@ import jax.numpy as jnp
 
 
 class Bracket(NamedTuple):
-  """Per row: ``lo <= lam* <= hi``; ``known`` rows take ``value`` without iterating."""
+  """A bracket of the root per row, and the rows answered without iterating.
+
+  Returned by a problem's ``bracket(x, k, l)``; every field has the row shape.
+
+  Attributes:
+    lo: lower end, ``lo <= lam*``.
+    hi: upper end, ``lam* <= hi``.
+    known: bool; rows whose threshold is known without iterating (non-finite
+      entries, saturated rows, rows without a solution).
+    value: the threshold of the ``known`` rows (NaN where there is no solution);
+      unused elsewhere.
+  """
 
   lo: jax.Array
   hi: jax.Array
@@ -48,7 +59,11 @@ class Bracket(NamedTuple):
 
 @runtime_checkable
 class ThresholdProblem(Protocol):
-  """What the solvers read from a problem (see the module docstring)."""
+  """What the solvers read from a problem (see :mod:`implicit_topk.problems.base`).
+
+  Implemented by :class:`CappedSimplex` and :class:`Magnitude`; ``k``, ``l`` and
+  ``lam`` have the row shape of the problem's layout.
+  """
 
   geometric: bool
 

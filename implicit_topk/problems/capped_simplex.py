@@ -31,8 +31,28 @@ from implicit_topk.problems.base import Bracket, finite_moments, midpoint, upper
 
 @dataclasses.dataclass(frozen=True)
 class CappedSimplex:
-  """The soft top-k mask for ``regularizer`` (a :class:`implicit_topk.Regularizer`),
-  along the rows of ``layout`` (default: the last axis)."""
+  r"""The soft top-k mask as a threshold problem, along the rows of ``layout``.
+
+  :math:`y^\star = \arg\max_{y \in [0,1]^n,\ \sum_i y_i = k} \langle x, y\rangle
+  - l\,\Omega(y)` with :math:`y_i = \mathrm{mask}((x_i - \lambda) / l)` and
+  :math:`\phi(\lambda) = \sum_i y_i(\lambda) - k` (Sander et al. 2023, "Fast,
+  differentiable and sparse top-k: a convex analysis perspective", ICML). The
+  problem that :func:`~implicit_topk.soft_topk_mask` and the solvers solve by
+  default.
+
+  Attributes:
+    regularizer: the separable regularizer :math:`\Omega`, an
+      :class:`implicit_topk.Regularizer` (default ``PNorm(4/3)``).
+    layout: which entries form a row (default :class:`LastAxis`: the last axis).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> problem = itk.problems.CappedSimplex(itk.PNorm(2.0))
+    >>> solver = itk.ThresholdSolver(problem=problem)
+    >>> solver.apply(jnp.array([3.0, 1.0, 2.0, -1.0]), 2.0, 2.0)
+    Array([1.  , 0.25, 0.75, 0.  ], dtype=float32)
+  """
 
   regularizer: Any = dataclasses.field(default_factory=_regularizers.PNorm)
   layout: Any = _layout.DEFAULT
@@ -89,7 +109,7 @@ class CappedSimplex:
     return jnp.where(nan, jnp.nan, self.regularizer.mask(jnp.where(nan, 0, z)))
 
   def primal(self, lam, x, l):
-    """The mask y_i = mask((x_i - lam) / l).
+    """The mask ``y_i = mask((x_i - lam) / l)``.
 
     ``+inf`` entries are 1 and ``-inf`` entries 0 whatever the threshold, an infinite
     ``lam`` (rows whose finite entries are all 0 or all 1 under a regularizer that

@@ -117,8 +117,15 @@ def _pextreme_jvp(axis_name, largest, primals, tangents):
 
 @dataclasses.dataclass(frozen=True)
 class LastAxis:
-  """Rows are the last axis of an array; ``axis_name``: that axis is split over this
-  mesh axis (or tuple of axes) inside :func:`jax.shard_map`."""
+  """Rows are the last axis of an array ``(..., n)``; leading axes are batch axes.
+
+  The default layout of every problem. Per-row values have shape ``x.shape[:-1]``.
+
+  Attributes:
+    axis_name: ``None`` (default), or the mesh axis (or tuple of axes) over which the
+      last axis is split inside :func:`jax.shard_map`: every reduction then adds a
+      ``psum``/``pmax``/``pmin`` across devices.
+  """
 
   axis_name: Hashable | None = None
 
@@ -175,14 +182,20 @@ class LastAxis:
 
 @dataclasses.dataclass(frozen=True)
 class Segments:
-  """Rows are the segments of the last axis: entry ``i`` belongs to row
-  ``segment_ids[i]`` in ``[0, num_segments)``; leading axes are batch axes.
+  """Rows are the segments of the last axis (ragged rows of a flat array).
 
-  ``segment_ids`` is data (an integer array of shape ``(n,)``): it is bound inside the
-  traced computation (:meth:`bind`); the unbound layout (``segment_ids=None``) is the
+  Entry ``i`` belongs to row ``segment_ids[i]`` in ``[0, num_segments)``; leading
+  axes are batch axes. ``segment_ids`` is data: it is bound inside the traced
+  computation (:meth:`bind`); the unbound layout (``segment_ids=None``) is the
   hashable part that jit caches key on. Per-row values have shape
   ``batch + (num_segments,)``. An id outside ``[0, num_segments)`` (traced ids are not
   checked) reads its segment's values as NaN.
+
+  Attributes:
+    num_segments: the number of rows, an int >= 1.
+    indices_are_sorted: whether ``segment_ids`` is nondecreasing (default
+      ``False``), passed to :func:`jax.ops.segment_sum` and friends.
+    segment_ids: integer array of shape ``(n,)``, or ``None`` (default) until bound.
   """
 
   num_segments: int
@@ -192,6 +205,7 @@ class Segments:
   sortable = False
 
   def bind(self, segment_ids) -> "Segments":
+    """This layout with ``segment_ids`` (an integer array of shape ``(n,)``) bound."""
     return dataclasses.replace(self, segment_ids=segment_ids)
 
   def _ids(self):
@@ -243,9 +257,12 @@ class Segments:
 
 @dataclasses.dataclass(frozen=True)
 class Tree:
-  """One row made of every entry of every leaf of a pytree: each leaf is reduced on
-  its own (over all its axes) and the per-leaf results are combined; per-row values
-  are scalars. Leaves are never concatenated, so each keeps its own sharding."""
+  """One row made of every entry of every leaf of a pytree (one global threshold).
+
+  Each leaf is reduced on its own (over all its axes) and the per-leaf results are
+  combined; per-row values are scalars. Leaves are never concatenated, so each keeps
+  its own sharding. No fields.
+  """
 
   sortable = False
 

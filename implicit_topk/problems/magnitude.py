@@ -42,8 +42,25 @@ def _excess(lam, s):
 
 @dataclasses.dataclass(frozen=True)
 class Magnitude:
-  """The soft top-k in magnitude with the p-norm regularizer ``PNorm(p)``, along the
-  rows of ``layout`` (default: the last axis)."""
+  r"""The soft top-k in magnitude as a threshold problem, along the rows of ``layout``.
+
+  Keeps the (soft) top-k entries of ``x`` in absolute value with the p-norm
+  regularizer ``PNorm(p)`` (Sander et al. 2023, "Fast, differentiable and sparse
+  top-k: a convex analysis perspective", ICML): the problem that
+  :func:`~implicit_topk.soft_topk_mag` solves. See the module
+  :mod:`implicit_topk.problems.magnitude` for the output map and :math:`\phi`.
+
+  Attributes:
+    p: the p-norm exponent, > 1 (default ``4/3``); stored as a float.
+    layout: which entries form a row (default :class:`LastAxis`: the last axis).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> solver = itk.ThresholdSolver(problem=itk.problems.Magnitude(p=2.0))
+    >>> solver.apply(jnp.array([2.0, -4.0, 1.0]), 1.0, 2.0)  # k = 1, strength 2
+    Array([ 0.75, -3.75,  0.  ], dtype=float32)
+  """
 
   p: float = 4.0 / 3.0
   layout: Any = _layout.DEFAULT
@@ -69,7 +86,7 @@ class Magnitude:
     return jnp.where(inside, value, jnp.where(t > 0, t, jnp.zeros_like(t)))
 
   def _h(self, u, l):
-    """h(u) = u + l u^(p-1) for u >= 0: h(|y*_i|) is the output of a kept entry."""
+    """``h(u) = u + l u^(p-1)`` for ``u >= 0``: ``h(abs(y*_i))`` is the output of a kept entry."""
     return u + l * jnp.power(u, jnp.asarray(self.p - 1.0, u.dtype))
 
   # -- the problem ----------------------------------------------------------------
@@ -85,7 +102,8 @@ class Magnitude:
     return jnp.where(jnp.isnan(lam) | jnp.isnan(x), jnp.nan, out)
 
   def primal(self, lam, x, l):
-    """sign(x_i) min(|x_i|, t_i + g(t_i / l)), t_i = (|x_i| - lam)_+; NaN propagates."""
+    """``sign(x_i) min(abs(x_i), t_i + g(t_i / l))``, ``t_i = (abs(x_i) - lam)_+``; NaN
+    propagates."""
     L = self.layout
     return L.map(self._out_entries, x, L.expand(lam, x), L.expand(l, x))
 
@@ -204,7 +222,7 @@ class Magnitude:
   def dykstra_threshold(self, x, k, l, *, tol, maxiter, unrolled):
     r"""``p = 2``: Dykstra on the weighted isotonic regression of the magnitude dual.
 
-    With :math:`s` = |x| sorted descending and :math:`w = (1,\dots,1,k-\lfloor
+    With :math:`s` = ``abs(x)`` sorted descending and :math:`w = (1,\dots,1,k-\lfloor
     k\rfloor,0,\dots)`, the dual is
     :math:`\min_{v \downarrow} \sum_i (1 + l w_i)(v_i - s_i / (1 + l w_i))^2`; the
     threshold is its value at index :math:`\lfloor k\rfloor` (0-based). Approximate:
