@@ -5,7 +5,10 @@ Every top-level expression of the block whose comment holds bracketed numbers
 (to 1e-3). The block runs in a fresh interpreter with JAX's defaults (float32, as a
 newcomer runs it; the suite's conftest turns float64 on in this process). Also
 checked: some soft mask shown is fractional and every gradient shown is non-zero, so
-the example cannot drift back to a hard mask with zero gradients.
+the example cannot drift back to a hard mask with zero gradients, and the block runs with
+DeprecationWarning as an error (it uses the 0.2.0 names: ``regularization_strength``, not
+``l``). Every python block of README.md and docs/scaling.md (some need 8 devices and
+free names, so they are scanned, not run) calls the library with the 0.2.0 names.
 """
 
 import io
@@ -19,7 +22,9 @@ import tokenize
 
 import numpy as np
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS_WITH_CODE = (README, ROOT / "docs" / "scaling.md")
 
 # Runs the block statement by statement; prints [{"line", "src", "values"}] for the expressions.
 _RUNNER = r"""
@@ -44,9 +49,23 @@ print(json.dumps(out))
 
 
 def first_python_block(text):
-  match = re.search(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
-  assert match, "README.md has no ```python block"
-  return match.group(1)
+  blocks = python_blocks(text)
+  assert blocks, "README.md has no ```python block"
+  return blocks[0]
+
+
+def python_blocks(text):
+  """The code of every ```python block (indented ones too, with the indent removed)."""
+  out = []
+  for m in re.finditer(r"^([ \t]*)```python\n(.*?)^\1```", text, flags=re.S | re.M):
+    indent = m.group(1)
+    out.append("".join(line[len(indent):] if line.startswith(indent) else line
+                       for line in m.group(2).splitlines(keepends=True)))
+  return out
+
+
+# Keyword arguments deprecated in 0.2.0 (removed in 0.3.0): the strength `l=` and soft_sort's `topk=`.
+_DEPRECATED_KWARG = re.compile(r"[(,]\s*(l|topk)\s*=(?!=)")
 
 
 def comments_by_line(code):
@@ -66,7 +85,7 @@ def shown_numbers(comment):
 
 def run_block(code):
   env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
-  proc = subprocess.run([sys.executable, "-c", _RUNNER], input=code, capture_output=True, text=True,
+  proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", _RUNNER], input=code, capture_output=True, text=True,
                         env=env, cwd=README.parent, timeout=120)
   assert proc.returncode == 0, f"the README block fails:\n{proc.stderr[-3000:]}"
   return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -102,3 +121,22 @@ def test_shown_numbers():
   assert shown_numbers("# [0. 0.0554 1. 0.9446]  fractional, still sparse") == [0, 0.0554, 1, 0.9446]
   assert shown_numbers("# [0. 0. 1. 1.], [-5. 0. 3. 0.]  hard") == [0, 0, 1, 1, -5, 0, 3, 0]
   assert shown_numbers("# real k (p = 2), no values") == []
+
+
+def test_code_blocks_use_the_0_2_names():
+  for path in DOCS_WITH_CODE:
+    blocks = python_blocks(path.read_text())
+    assert blocks, f"{path.name} has no ```python block"
+    for code in blocks:
+      for line in code.splitlines():
+        assert not _DEPRECATED_KWARG.search(line), (
+            f"{path.name} calls the library with a deprecated keyword (use "
+            f"regularization_strength= / k=): {line.strip()!r}")
+
+
+def test_deprecated_keyword_pattern():
+  assert _DEPRECATED_KWARG.search("itk.soft_topk_mask(x, k=2, l=1e-2)")
+  assert _DEPRECATED_KWARG.search("soft_sort(x, topk=3)")
+  assert _DEPRECATED_KWARG.search("f(x,l = 0.1)")
+  assert not _DEPRECATED_KWARG.search("soft_topk_mask(x, 2, regularization_strength=0.1)")
+  assert not _DEPRECATED_KWARG.search("jax.jit(lambda z: z)(x)  # l == 1")
