@@ -41,6 +41,12 @@ _USES_HOST_PAV = (
 )
 
 
+# The API-convention tests (tests/test_api_*.py) repeat each check once per public
+# function; the default run keeps these representatives, the slow group runs them all.
+_API_REPRESENTATIVES = frozenset({"soft_topk_mask", "grad_topk", "soft_sort",
+                                  "topk_fenchel_young_loss"})
+
+
 def _is_default_run(config) -> bool:
   return (config.option.markexpr or "").strip() == "not slow"
 
@@ -63,4 +69,9 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     uses_host_pav = "pav" in item.nodeid.replace("pav_jax", "")
     if uses_host_pav or item.nodeid.startswith(_USES_HOST_PAV):
+      item.add_marker(pytest.mark.slow)
+    callspec = getattr(item, "callspec", None)
+    name = callspec.params.get("name") if callspec is not None else None
+    if (item.nodeid.startswith("tests/test_api_") and isinstance(name, str)
+        and name not in _API_REPRESENTATIVES):
       item.add_marker(pytest.mark.slow)

@@ -145,9 +145,16 @@ def test_fenchel_young_batch_shape_follows_axis():
 # -- soft_quantile has jnp.quantile's shape ---------------------------------------------
 
 
+def _slow(*values):
+  return pytest.param(*values, marks=pytest.mark.slow)
+
+
+# The default run keeps the case and a 2-D q along a middle axis (one compilation
+# each); the slow group runs every shape.
 @pytest.mark.parametrize("x_shape,q_shape,axis", [
-    ((7,), (), -1), ((7,), (3,), 0), ((2, 5), (3,), -1), ((2, 5), (3,), 0),
-    ((2, 5), (), 1), ((4, 3, 5), (2, 2), 1), ((4, 3, 5), (1,), -1), ((4, 3, 5), (), 0),
+    _slow((7,), (), -1), _slow((7,), (3,), 0), ((2, 5), (3,), -1), _slow((2, 5), (3,), 0),
+    _slow((2, 5), (), 1), ((4, 3, 5), (2, 2), 1), _slow((4, 3, 5), (1,), -1),
+    _slow((4, 3, 5), (), 0),
 ])
 def test_soft_quantile_matches_jnp_quantile(x_shape, q_shape, axis):
   rng = np.random.default_rng(len(x_shape) * 10 + len(q_shape) + axis)
