@@ -61,7 +61,23 @@ from implicit_topk import _validation
 
 @runtime_checkable
 class Regularizer(Protocol):
-  """What the solvers need from a separable regularizer (see the module docstring)."""
+  """What the solvers need from a separable regularizer (see the module docstring).
+
+  Any object with these members can be passed as ``regularizer=`` to
+  :func:`implicit_topk.soft_topk_mask` (and the sort/rank operators): the threshold
+  solver uses ``mask`` and ``saturation``, plus ``omega_prime`` when the saturation
+  interval is infinite; ``omega`` is used by the losses.
+
+  Attributes:
+    saturation: ``(z0, z1)``, the interval outside which ``mask`` is exactly 0 (below
+      ``z0``) and exactly 1 (above ``z1``); an end may be infinite.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> isinstance(itk.PNorm(2.0), itk.Regularizer)
+    True
+  """
 
   saturation: tuple[float, float]
 
@@ -113,6 +129,18 @@ class PNorm:
   :math:`\min(1, ((x_i - \lambda)_+ / l)^{1/(p-1)})`: exactly sparse. ``p = 2`` is the
   Euclidean projection of ``x / l`` onto the capped simplex (piecewise linear, with
   kinks); ``p = 4/3`` gives a continuously differentiable operator (cubic pieces).
+  Sander et al., "Fast, differentiable and sparse top-k: a convex analysis perspective"
+  (ICML 2023).
+
+  Attributes:
+    p: the exponent, ``p > 1`` (default 4/3); ``ValueError`` otherwise.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([3.0, 1.0, 2.0, -1.0])
+    >>> itk.soft_topk_mask(x, 2, regularization_strength=2.0, regularizer=itk.PNorm(2.0))
+    Array([1.  , 0.25, 0.75, 0.  ], dtype=float32)
   """
 
   p: float = 4.0 / 3.0
@@ -185,6 +213,15 @@ class Entropy:
   before the others vanish). Jianlin Su's "Softmax Sequel" (kexue.fm): "ThreTopK with
   min(1, e^x)"; on each piece of the partition {1, (0,1)} the threshold has the closed form
   :math:`\lambda = l \log\sum_{i \notin O} e^{x_i/l} - l \log(k - |O|)`.
+
+  Example:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> x = jnp.array([0.0, 1.0, 2.0])
+    >>> y = itk.soft_topk_mask(x, 1, regularizer=itk.Entropy())
+    >>> bool(jnp.allclose(y, jax.nn.softmax(x)))  # k = 1: the softmax
+    True
   """
 
   saturation = (-float("inf"), 0.0)
@@ -209,7 +246,16 @@ class BinaryEntropy:
   r""":math:`\omega(y) = y \log y + (1 - y) \log(1 - y)`: :math:`y_i = \sigma((x_i - \lambda)/l)`.
 
   The Fermi-Dirac / sigmoid mask (Jianlin Su's "Softmax Sequel" (kexue.fm): "ThreTopK
-  with sigmoid"): smooth (:math:`C^\infty`) and dense, never exactly 0 or 1.
+  with sigmoid"): smooth (:math:`C^\infty`) and dense, never exactly 0 or 1. Also
+  available as ``regularizer="sigmoid"``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> y = itk.soft_topk_mask(jnp.array([3.0, 1.0, 2.0, -1.0]), 2,
+    ...                        regularizer=itk.BinaryEntropy())
+    >>> round(float(y.sum()), 5)  # dense, and the entries still sum to k
+    2.0
   """
 
   saturation = (-float("inf"), float("inf"))
@@ -235,7 +281,16 @@ class Laplace:
   threshold solves a quadratic in
   :math:`e^{\lambda/l}` (closed form). :math:`\omega` is the integral of
   :math:`F^{-1}`: :math:`t \log 2t - t` below 1/2, :math:`(1-t)\log 2(1-t) - (1-t)`
-  above.
+  above. Struski et al., "LapSum - one method to differentiate them all: ranking, sorting
+  and top-k selection" (ICML 2025)
+  study the same operator.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> y = itk.soft_topk_mask(jnp.array([3.0, 1.0, 2.0, -1.0]), 2, regularizer=itk.Laplace())
+    >>> bool(jnp.all((y > 0) & (y < 1)))  # dense: no entry exactly 0 or 1
+    True
   """
 
   saturation = (-float("inf"), float("inf"))
