@@ -491,7 +491,7 @@ def _mag_lambda(s, k, l, a):
     else:
       log_hi = mid
   lo, hi = math.exp(log_lo), math.exp(log_hi)
-  if hi < max(nz) and _mag_terms(s, hi, math.log(hi), l, a) - k >= 0:
+  if 0 < hi < max(nz) and _mag_terms(s, hi, math.log(hi), l, a) - k >= 0:
     hi = max(nz)  # exp(log(max)) rounded below max, inside the root's bracket: phi(max) = -k
   if lo > 1e-300 and math.isfinite(hi):
     while True:
@@ -577,9 +577,9 @@ def mag_tolerance(x, k, l, p, *, eps, c=16.0, axis=-1):
     k_rest = kk - int((~fin).sum())
     if 0 < lam < math.inf:
       s = np.abs(row[fin]).tolist()
-      h = max(lam * 1e-7, 1e-300)
-      slope = abs(_mag_terms(s, lam + h, math.log(lam + h), ll, a)
-                  - _mag_terms(s, lam - h, math.log(lam - h), ll, a)) / (2 * h)
+      r, log_lam = 1e-7, math.log(lam)  # relative steps, in logs: lam may be subnormal
+      slope = abs(_mag_terms(s, lam * (1 + r), log_lam + math.log1p(r), ll, a)
+                  - _mag_terms(s, lam * (1 - r), log_lam + math.log1p(-r), ll, a)) / (2 * r * lam)
       delta = c * eps * lam
       if slope > 0:
         delta += c * n * eps * (k_rest + n) / slope

@@ -815,10 +815,54 @@ def test_mag_jvp_vs_finite_differences(solver, data):
   s0 = state(x, l)
   for t in (-1e-3, -2 * h, 2 * h, 1e-3):
     assume(np.array_equal(state(x + t * vx, l + t * vl), s0))
+  # A fractional entry is |x_i| - lam + g(...) with g = ((|x_i| - lam)/l)^(1/(p-1)): its
+  # curvature grows like (|x_i| - lam)^(-2), so a central difference of step h resolves it
+  # only for |x_i| - lam >> h (test_mag_jvp_near_the_threshold covers the entries close to it).
+  lam = np.array(R.soft_topk_mag(x, k, l, p, with_lam=True)[1])
+  gap = np.abs(x) - lam[:, None]
+  assume(np.all(np.where(s0 == 2, gap > 1e-3 * np.abs(x), True)))
   f = lambda x_, l_: itk.soft_topk_mag(x_, k, regularization_strength=l_, p=p, solver=solver)
   _, tangent = jax.jvp(f, (jnp.asarray(x), jnp.asarray(l)), (jnp.asarray(vx), jnp.asarray(vl)))
   fd = _central(lambda t: R.soft_topk_mag(x + t * vx, k, l + t * vl, p), h)
   np.testing.assert_allclose(np.asarray(tangent), fd, atol=1e-6, rtol=1e-5)
+
+
+def _mag_one_group_p3(s, m, k, l):
+  """soft_topk_mag at p = 3 when m entries equal s > 0 are the only ones above lam:
+  each carries mask k/m = c, so sqrt((s - lam)/l) = c lam, i.e. s - lam = l c^2 lam^2, and
+  the output is (s - lam) + c lam. Returns the output and its derivatives in s and l, in
+  closed form (no root finding, no cancellation)."""
+  c = k / m
+  b = l * c * c
+  lam = 2 * s / (1 + math.sqrt(1 + 4 * b * s))
+  dout_dlam_total = 2 * b * lam + c  # d/dlam of b lam^2 + c lam
+  dlam_ds = 1 / (1 + 2 * b * lam)
+  dlam_dl = -c * c * lam * lam / (1 + 2 * b * lam)
+  return b * lam * lam + c * lam, dout_dlam_total * dlam_ds, c * c * lam * lam + dout_dlam_total * dlam_dl
+
+
+@pytest.mark.parametrize("solver", ["threshold", pytest.param("pav", marks=slow)])
+@pytest.mark.parametrize("x, k, l, direction", [
+    ([1, 1, 2.375, 1, 1.0], 2.0**-9, 0.15625, "x"),  # found by CI: 3.4e-6 above lam
+    ([1, 1, 1, 1, 1.0], 0.0002439089683079039, 1.0, "l"),  # found by CI: 2.4e-9 above lam
+])
+def test_mag_jvp_near_the_threshold(solver, x, k, l, direction):
+  """Fractional entries just above lam, where a central difference of the reference is off
+  (its output is ((s - lam)/l)^(1/2), ill-conditioned at s - lam ~ 1e-6): value and
+  derivative against the closed form of _mag_one_group_p3."""
+  x = np.array([x])
+  s, m = x.max(), int(np.sum(x == x.max()))
+  out, d_ds, d_dl = _mag_one_group_p3(s, m, k, l)
+  vx, vl = (np.where(x == s, 1.0, 0.0), 0.0) if direction == "x" else (np.zeros_like(x), 1.0)
+  f = lambda x_, l_: itk.soft_topk_mag(x_, jnp.array([k]), regularization_strength=l_, p=3.0, solver=solver)
+  y, tangent = jax.jvp(f, (jnp.asarray(x), jnp.array([l])), (jnp.asarray(vx), jnp.array([vl])))
+  expected = np.where(x == s, d_ds if direction == "x" else d_dl, 0.0)
+  # the value is conditioning-limited (t = s - lam carries eps s): the fuzz suite's tolerance
+  tol = R.mag_tolerance(x, np.array([k]), np.array([l]), 3.0, eps=np.finfo(np.float64).eps)
+  assert np.all(np.abs(np.asarray(y) - np.where(x == s, out, 0.0)) <= tol)
+  # the derivative's conditioning: t = s - lam = l c^2 lam^2 holds a rounding of eps s
+  t = s - 2 * s / (1 + math.sqrt(1 + 4 * l * (k / m) ** 2 * s))
+  np.testing.assert_allclose(np.asarray(tangent), expected, rtol=8 * np.finfo(float).eps * s / t, atol=1e-300)
 
 
 # ---------------------------------------------------------------------------------------
