@@ -1461,3 +1461,15 @@ def test_found_hard_limit_at_gap_is_exact(solver, p):
   x = np.array([[2.671875, 0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
   l = np.array([1.671875, 1.0])
   assert_close(mask(x, 1, l, p=p, solver=solver), R.hard_topk_mask(x, 1), 0.0, "hard limit at the gap")
+
+
+@pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
+@pytest.mark.parametrize("reg", ["sigmoid", "laplace", "entropy"])
+def test_found_threshold_far_below_the_row_scale(solver, reg):
+  """(found by hypothesis) x = (0, -2.5), k = 1/64, l = 10^-4.625: lam ~ 1e-4 sits far
+  below the row's scale 2.5. PAV's block Newton stopped at a bracket of 4 eps * 2.5,
+  many ulps of lam (mask 0.0156249999994, error 6e-13 for a tolerance of 4e-15)."""
+  x = np.array([[0.0, -2.5], [0.0, -2.5]])
+  k = np.array([2.0**-6, 0.5])
+  l = np.array([10**-4.625, 10**-4.625])
+  _check_mask(x, k, l, p=2.0, reg=reg, solver=solver)

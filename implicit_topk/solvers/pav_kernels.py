@@ -281,8 +281,12 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
     nearest bracket end is returned, which is within rounding of the root).
     Newton steps from ``v`` are taken while they stay inside the (shrinking)
     bracket and at least halve |F|; otherwise the bracket is bisected.  Stops
-    when the bracket is below 4 eps * scale, or when a Newton step is below
-    that and |F| is at rounding level, |F| <= 16 eps (|G| + |W v| + |B|).
+    when the bracket or a Newton step is below 4 eps |v| (v's own precision),
+    or below 4 eps * scale (the block's scale) while |F| is at rounding level,
+    |F| <= 16 eps (|G| + |W v| + |B|).  The first rule alone never ends at a
+    root v = 0 under rounding noise; the second alone stops a root far below
+    the block's scale (a threshold of 1e-4 between entries 0 and -2.5) at an
+    absolute error of eps * scale, many ulps of v (found by hypothesis).
     """
     if not (lo < hi):
         return lo
@@ -300,7 +304,9 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
             lo = v
         else:
             hi = v
-        if hi - lo <= tol:
+        at_rounding = abs(F) <= 16.0 * _EPS * (abs(G) + abs(target) + m)
+        width = hi - lo
+        if width <= 4.0 * _EPS * max(abs(lo), abs(hi)) or (width <= tol and at_rounding):
             return 0.5 * (lo + hi)
         D = dG + slope * W
         vn = 0.5 * (lo + hi)
@@ -309,14 +315,17 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
             if lo < newton < hi:
                 vn = newton
         Fprev = F
-        if abs(vn - v) <= tol:
+        step = abs(vn - v)
+        if step <= 4.0 * _EPS * max(abs(v), abs(vn)):
             # A step at rounding level is convergence only if the residual is
             # small too: near an entry leaving 0 with a < 1 (p > 2) the slope
             # dG is huge (~|z|^(a-1)) and the Newton step is tiny although F
             # is not; bisect instead (found by hypothesis: x=[0.25, 1e-40]).
-            if abs(F) <= 16.0 * _EPS * (abs(G) + abs(target) + m):
+            if at_rounding:
                 return vn
             vn = 0.5 * (lo + hi)
+        elif step <= tol and at_rounding:
+            return vn
         v = vn
     return v
 
