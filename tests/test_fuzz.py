@@ -1473,3 +1473,16 @@ def test_found_threshold_far_below_the_row_scale(solver, reg):
   k = np.array([2.0**-6, 0.5])
   l = np.array([10**-4.625, 10**-4.625])
   _check_mask(x, k, l, p=2.0, reg=reg, solver=solver)
+
+
+@pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
+@pytest.mark.parametrize("reg", ["sigmoid", "laplace", "entropy"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_found_all_equal_rows_take_k_over_n(solver, reg, n):
+  """(found by the slow sweep) An all-equal row is answered from the bracket, lam =
+  x - l omega'(k/n), with no Newton pass to polish it: omega' must be accurate to a few
+  eps. The logistic's omega'(t) = log t - log1p(-t) lost 15 ulps of y at t = 0.4140625
+  (XLA's float64 log1p on CPU is off by up to 128 ulps on [-0.99, -0.01], jax 0.10)."""
+  k = np.linspace(0.0, n, 203)[1:-1]
+  x = np.zeros((k.size, n))
+  _check_mask(x, k, np.ones(k.size), p=2.0, reg=reg, solver=solver)
