@@ -1464,7 +1464,7 @@ def test_found_hard_limit_at_gap_is_exact(solver, p):
 
 
 @pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
-@pytest.mark.parametrize("reg", ["sigmoid", "laplace", "entropy"])
+@pytest.mark.parametrize("reg", ["sigmoid", slow_param("laplace"), slow_param("entropy")])
 def test_found_threshold_far_below_the_row_scale(solver, reg):
   """(found by hypothesis) x = (0, -2.5), k = 1/64, l = 10^-4.625: lam ~ 1e-4 sits far
   below the row's scale 2.5. PAV's block Newton stopped at a bracket of 4 eps * 2.5,
@@ -1476,8 +1476,8 @@ def test_found_threshold_far_below_the_row_scale(solver, reg):
 
 
 @pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
-@pytest.mark.parametrize("reg", ["sigmoid", "laplace", "entropy"])
-@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("reg", ["sigmoid", slow_param("laplace"), slow_param("entropy")])
+@pytest.mark.parametrize("n", [1, slow_param(3)])
 def test_found_all_equal_rows_take_k_over_n(solver, reg, n):
   """(found by the slow sweep) An all-equal row is answered from the bracket, lam =
   x - l omega'(k/n), with no Newton pass to polish it: omega' must be accurate to a few
