@@ -149,10 +149,10 @@ def _slow(*values):
   return pytest.param(*values, marks=pytest.mark.slow)
 
 
-# The default run keeps the case and a 2-D q along a middle axis (one compilation
-# each); the slow group runs every shape.
+# The default run keeps a 2-D q along a middle axis of a 3-D input (one compilation); the
+# slow group runs every shape.
 @pytest.mark.parametrize("x_shape,q_shape,axis", [
-    _slow((7,), (), -1), _slow((7,), (3,), 0), ((2, 5), (3,), -1), _slow((2, 5), (3,), 0),
+    _slow((7,), (), -1), _slow((7,), (3,), 0), _slow((2, 5), (3,), -1), _slow((2, 5), (3,), 0),
     _slow((2, 5), (), 1), ((4, 3, 5), (2, 2), 1), _slow((4, 3, 5), (1,), -1),
     _slow((4, 3, 5), (), 0),
 ])

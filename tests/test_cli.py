@@ -45,6 +45,7 @@ def test_demo(capsys):
   assert "Timing" not in out
 
 
+@pytest.mark.slow  # the demo without timing runs in the default group
 def test_demo_timing_table(capsys):
   from implicit_topk import demo
   demo.timing_section(sizes=(64,), batch=2, repeats=3)

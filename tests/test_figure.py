@@ -31,7 +31,7 @@ def _reference_hard(s):
   return np.where((s < 1.0) | (s > 4.0), 1.0, 0.0)
 
 
-@pytest.mark.parametrize("p,label", [(2.0, "p = 2"), (4.0 / 3.0, "p = 4/3")])
+@pytest.mark.parametrize("p,label", [(2.0, "p = 2"), pytest.param(4.0 / 3.0, "p = 4/3", marks=pytest.mark.slow)])
 def test_soft_curves_match_closed_form(p, label):
   values = figure.curves(S, l=1.0, op="mask")[label]
   for s, v in zip(S, values):
@@ -40,6 +40,7 @@ def test_soft_curves_match_closed_form(p, label):
     assert v == pytest.approx(y[1] + y[2], abs=1e-9), s
 
 
+@pytest.mark.slow
 def test_hard_curve():
   s = np.array([-1.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5])
   np.testing.assert_array_equal(figure.curves(s, op="mask")["hard"], _reference_hard(s))

@@ -131,7 +131,8 @@ def test_ranks_monotone_sorted_values_nondecreasing(name, options, seed, l):
 # -- derivatives -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,options", REGULARIZERS_P2_FAST)
+@pytest.mark.slow  # 15 s; the default run checks these gradients in test_permutahedron_solvers
+@pytest.mark.parametrize("name,options", REGULARIZERS)
 def test_gradients_pass_check_grads(name, options):
   x, w = _rows(2, (2, 7)), _rows(3, (2, 7))
   positive = jnp.abs(x) + 0.5

@@ -21,6 +21,7 @@ import sys
 import tokenize
 
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -91,6 +92,7 @@ def run_block(code):
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 13 s: a fresh interpreter runs the block (CI's slow group runs it)
 def test_readme_first_block_matches_its_comments():
   code = first_python_block(README.read_text())
   comments = comments_by_line(code)
