@@ -6,8 +6,9 @@ seed, and a k), it times under ``jax.jit``
 
 * ``hard fwd``: the hard mask users would otherwise write, ``lax.top_k`` + a scatter of
   ones into zeros (what ``implicit_topk.hard_topk_mask`` does), forward only;
-* ``soft <solver> p=<p>``: ``jax.grad(lambda x: sum(soft_topk_mask(x, k, l=l, p=p,
-  solver=solver) * w))`` for a fixed random cotangent ``w`` (forward + backward), for
+* ``soft <solver> p=<p>``: ``jax.grad(lambda x: sum(soft_topk_mask(x, k,
+  regularization_strength=l, p=p, solver=solver) * w))`` for a fixed random cotangent
+  ``w`` (forward + backward), for
   p in {4/3, 2} and solver in {auto, threshold, pav}, plus dykstra at p = 2 where
   n x batch <= 1e5.
 
@@ -305,13 +306,14 @@ def markdown(result):
       + (", ".join(f"`{k}={v}`" for k, v in meta["env"].items()) or "no relevant variables set"),
       "- float32 scores ~ N(0, 1); `hard fwd` = jitted `lax.top_k` + scatter of ones "
       "(forward only); `soft <solver> p=<p>` = jitted `jax.grad` of "
-      "`sum(soft_topk_mask(x, k, l=l, p=p, solver=solver) * w)` (forward + backward).",
+      "`sum(soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver) * w)` "
+      "(forward + backward); column `strength` = l.",
       f"- each entry: median ms over interleaved repeats (>= {meta['options']['repeats']} "
       "for the hard mask and the default solver) and, in parentheses, the ratio to the "
       f"hard fwd median of the same cell; **bold**: default solver (`{DEFAULT_SOLVER}`) "
       "more than 2x the hard mask.",
       "",
-      "| cell | l | hard fwd (ms) | " + " | ".join(names) + " | load 1m |",
+      "| cell | strength | hard fwd (ms) | " + " | ".join(names) + " | load 1m |",
       "|:---|---:|---:|" + "---:|" * len(names) + "---:|",
   ]
   notes = []

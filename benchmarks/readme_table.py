@@ -61,7 +61,7 @@ def table(result) -> str:
       f"at start. **Bold**: the default solver (`{default}`) above 2x. Full table: "
       "`benchmarks/results/cpu_matrix.md` (`python benchmarks/bench_topk.py`).",
       "",
-      "| cell | l | hard fwd (ms) | " + " | ".join(c[0] for c in columns) + " |",
+      "| cell | strength | hard fwd (ms) | " + " | ".join(c[0] for c in columns) + " |",
       "|:---|---:|---:|" + "---:|" * len(columns),
   ]
   for cell in result["cells"]:

@@ -68,7 +68,7 @@ def test_readme_table_replaces_block(quick_json, tmp_path):
   assert "stale table" not in text
   assert text.startswith("intro\n<!-- bench-matrix:start -->\n")
   assert text.endswith("<!-- bench-matrix:end -->\noutro\n")
-  assert "| cell | l | hard fwd (ms) | auto p=4/3 | auto p=2 |" in text
+  assert "| cell | strength | hard fwd (ms) | auto p=4/3 | auto p=2 |" in text
   # Printing works too, and a file without markers is an error (exit 1, untouched).
   printed = _run([TABLE, quick_json], timeout=60)
   assert printed.returncode == 0 and "| cell |" in printed.stdout
