@@ -830,18 +830,19 @@ def test_mag_jvp_vs_finite_differences(solver, data):
 def _mag_one_group_p3(s, m, k, l):
   """soft_topk_mag at p = 3 when m entries equal s > 0 are the only ones above lam:
   each carries mask k/m = c, so sqrt((s - lam)/l) = c lam, i.e. s - lam = l c^2 lam^2, and
-  the output is (s - lam) + c lam. Returns the output and its derivatives in s and l, in
-  closed form (no root finding, no cancellation)."""
+  the output is (s - lam) + c lam. Returns the output, its derivatives in s and l, and
+  s - lam, in closed form (no root finding, no cancellation)."""
   c = k / m
   b = l * c * c
   lam = 2 * s / (1 + math.sqrt(1 + 4 * b * s))
   dout_dlam_total = 2 * b * lam + c  # d/dlam of b lam^2 + c lam
   dlam_ds = 1 / (1 + 2 * b * lam)
   dlam_dl = -c * c * lam * lam / (1 + 2 * b * lam)
-  return b * lam * lam + c * lam, dout_dlam_total * dlam_ds, c * c * lam * lam + dout_dlam_total * dlam_dl
+  t = b * lam * lam  # = s - lam
+  return t + c * lam, dout_dlam_total * dlam_ds, c * c * lam * lam + dout_dlam_total * dlam_dl, t
 
 
-@pytest.mark.parametrize("solver", ["threshold", pytest.param("pav", marks=slow)])
+@pytest.mark.parametrize("solver", ["threshold", slow_param("pav")])
 @pytest.mark.parametrize("x, k, l, direction", [
     ([1, 1, 2.375, 1, 1.0], 2.0**-9, 0.15625, "x"),  # found by CI: 3.4e-6 above lam
     ([1, 1, 1, 1, 1.0], 0.0002439089683079039, 1.0, "l"),  # found by CI: 2.4e-9 above lam
@@ -852,7 +853,7 @@ def test_mag_jvp_near_the_threshold(solver, x, k, l, direction):
   derivative against the closed form of _mag_one_group_p3."""
   x = np.array([x])
   s, m = x.max(), int(np.sum(x == x.max()))
-  out, d_ds, d_dl = _mag_one_group_p3(s, m, k, l)
+  out, d_ds, d_dl, t = _mag_one_group_p3(s, m, k, l)
   vx, vl = (np.where(x == s, 1.0, 0.0), 0.0) if direction == "x" else (np.zeros_like(x), 1.0)
   f = lambda x_, l_: itk.soft_topk_mag(x_, jnp.array([k]), regularization_strength=l_, p=3.0, solver=solver)
   y, tangent = jax.jvp(f, (jnp.asarray(x), jnp.array([l])), (jnp.asarray(vx), jnp.array([vl])))
@@ -861,7 +862,6 @@ def test_mag_jvp_near_the_threshold(solver, x, k, l, direction):
   tol = R.mag_tolerance(x, np.array([k]), np.array([l]), 3.0, eps=np.finfo(np.float64).eps)
   assert np.all(np.abs(np.asarray(y) - np.where(x == s, out, 0.0)) <= tol)
   # the derivative's conditioning: t = s - lam = l c^2 lam^2 holds a rounding of eps s
-  t = s - 2 * s / (1 + math.sqrt(1 + 4 * l * (k / m) ** 2 * s))
   np.testing.assert_allclose(np.asarray(tangent), expected, rtol=8 * np.finfo(float).eps * s / t, atol=1e-300)
 
 
