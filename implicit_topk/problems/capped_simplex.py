@@ -294,9 +294,12 @@ def _threshold_from_dual(v, k, l):
 
 
 def _check_sortable(layout, solver_name: str) -> None:
-  """The sorting solvers need whole rows along one contiguous, unsplit last axis."""
-  if solver_name in ("pav", "dykstra") and not layout.sortable:
+  """The sorting solvers and the Pallas kernel need whole rows along one contiguous,
+  unsplit last axis."""
+  if solver_name in ("pav", "dykstra", "native", "pallas") and not layout.sortable:
+    what = "holds each whole row in one kernel program" if solver_name == "pallas" else (
+        "sorts whole rows")
     raise ValueError(
-        f"solver={solver_name!r} sorts whole rows on one device; it cannot solve a row "
+        f"solver={solver_name!r} {what} on one device; it cannot solve a row "
         f"laid out as {layout!r} (segments, a pytree, or an axis split over a mesh axis). "
         "Use solver='threshold' (or 'auto').")
