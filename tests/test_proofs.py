@@ -28,6 +28,7 @@ NAMES = [
     "grad_topk",
     "sparse_softmax",
     "fenchel_young",
+    "pallas_certificate",
 ]
 
 

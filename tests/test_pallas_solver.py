@@ -1,0 +1,446 @@
+"""``PallasSolver`` (``solver="pallas"``): the fused Pallas kernel for the threshold.
+
+On CPU the kernel runs in Pallas interpret mode (the same kernel body as XLA
+operations). Values are checked against the independent float64 references of
+``tests/references.py`` (exact rational bracketing, then float64 bisection; nothing from
+``implicit_topk``), to float64 or float32 rounding as ``references.mask_tolerance`` /
+``mag_tolerance`` state it; gradients against central differences of those references.
+The special-value rules (``+-inf``, NaN, ``k = 0`` and ``k = n``) are the ones of
+``soft_topk_mask``'s docstring, checked against the reference and, for the NaN pattern,
+against ``solver="threshold"``. A cap of one pass forces rows out of the kernel: they
+must come back exact from the fallback, and ``return_info`` must say so. The default run
+keeps one shape per check (each new shape, dtype or solver compiles the interpreted
+kernel again, about 1.5 s); the slow group sweeps regularizers, shapes and dtypes, runs
+``shard_map`` on two host devices and lowers the kernel for CUDA through Triton.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import export
+
+import implicit_topk as itk
+import references as R
+from implicit_topk import _apply
+from implicit_topk.kernels import pallas_threshold
+from implicit_topk.problems import CappedSimplex, LastAxis, Magnitude, Segments, Tree
+from implicit_topk.solvers.pallas import PallasSolver
+
+jax.config.update("jax_enable_x64", True)
+
+slow = pytest.mark.slow
+U64 = np.finfo(np.float64).eps / 2  # unit roundoff
+U32 = np.finfo(np.float32).eps / 2
+REGULARIZERS = {"pnorm": None, "entropy": itk.Entropy(), "sigmoid": itk.BinaryEntropy(),
+                "laplace": itk.Laplace()}
+
+# Three rows of six: ties, a fractional k near 0, a k near n, per-row k and strength.
+X = np.array([[0.3, -1.2, 2.0, 0.3, 0.7, -0.4],
+              [1.0, 1.0, 1.0, 0.5, -2.0, 3.0],
+              [-0.25, 0.8, 1.9, -1.1, 0.05, 0.6]])
+K = np.array([2.0, 1e-3, 6 - 1e-3])
+L = np.array([0.5, 0.3, 2.0])
+
+
+def solver(reg=None, p=4.0 / 3.0, magnitude=False, **options):
+  problem = Magnitude(p) if magnitude else CappedSimplex(
+      itk.PNorm(p) if reg is None else REGULARIZERS[reg] or itk.PNorm(p))
+  return PallasSolver(problem=problem, **options)
+
+
+def run(solver_obj, x, k, l, **kw):
+  """The operator path of soft_topk_mask / soft_topk_mag: ``(output, RootState)``."""
+  return _apply.threshold_operator(solver_obj, x, k, l, axis=-1, return_info=True, **kw)
+
+
+def mask_reference(x, k, l, reg=None, p=4.0 / 3.0):
+  name = None if reg in (None, "pnorm") else reg
+  return R.soft_topk_mask(x, k, l, p, name)
+
+
+def mask_tolerance(x, k, l, reg=None, p=4.0 / 3.0, eps=U64):
+  # unshifted_rows: rows whose maximum is within l / sqrt(eps) of 0 are solved without
+  # the shift by the row maximum (CappedSimplex.normalize documents it).
+  name = None if reg in (None, "pnorm") else reg
+  return R.mask_tolerance(x, k, l, p, name, eps=eps, unshifted_rows=True)
+
+
+def assert_close(actual, expected, tol, what=""):
+  """|actual - expected| <= tol entrywise; NaN exactly where expected is NaN."""
+  actual = np.asarray(actual, np.float64)
+  expected = np.asarray(expected, np.float64)
+  assert actual.shape == expected.shape, what
+  np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected), err_msg=what)
+  finite = ~np.isnan(expected)
+  diff = np.abs(actual - expected)[finite]
+  assert np.all(diff <= np.broadcast_to(tol, actual.shape)[finite]), (
+      f"{what}: max |diff| {diff.max():.3e}\nactual={actual}\nexpected={expected}")
+
+
+def low_precision_tolerance(x64, k, l, dtype, p=4.0 / 3.0):
+  """A result computed in float32 and rounded once to ``dtype``: the float64 rule with
+  float32's unit roundoff, k and l rounded to float32 (u32 k on the sum), and half an
+  eps of ``dtype`` for the final rounding (the mask lies in [0, 1])."""
+  return (mask_tolerance(x64, k, l, p=p, eps=U32) + 16 * U32 * np.max(k)
+          + float(ml_dtypes.finfo(dtype).eps) / 2)
+
+
+# -- values against the independent reference ------------------------------------------
+
+
+@pytest.mark.parametrize("reg", ["pnorm", "sigmoid", pytest.param("entropy", marks=slow),
+                                 pytest.param("laplace", marks=slow)])
+def test_mask_equals_the_float64_reference(reg):
+  y, info = run(solver(reg), X, K, L)
+  assert_close(y, mask_reference(X, K, L, reg), mask_tolerance(X, K, L, reg), reg)
+  assert np.all(np.asarray(info.iter_num) <= 48), info  # every row certified in the kernel
+  np.testing.assert_allclose(np.sum(np.asarray(y), -1), K, rtol=0, atol=1e-13)
+
+
+def test_float32_equals_the_reference_to_float32_rounding():
+  x = X.astype(np.float32)
+  y, _ = run(solver(), x, K, L)
+  assert y.dtype == np.float32
+  x64 = x.astype(np.float64)
+  assert_close(y, mask_reference(x64, K, L), low_precision_tolerance(x64, K, L, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, pytest.param(np.float16, marks=slow)],
+                         ids=["bfloat16", "float16"])
+def test_half_precision_is_computed_in_float32(dtype):
+  x = X.astype(dtype)
+  y, _ = run(solver(), x, K, L)
+  assert y.dtype == dtype
+  x64 = x.astype(np.float64)
+  assert_close(y, mask_reference(x64, K, L), low_precision_tolerance(x64, K, L, dtype))
+
+
+def test_magnitude_equals_the_float64_reference():
+  x = X * np.array([[1.0], [-1.0], [0.5]])
+  k = np.array([2.0, 0.5, 4.5])
+  y, info = run(solver(magnitude=True), x, k, L)
+  assert_close(y, R.soft_topk_mag(x, k, L, 4.0 / 3.0), R.mag_tolerance(x, k, L, 4.0 / 3.0, eps=U64))
+  assert np.all(np.asarray(info.iter_num) <= 48)
+
+
+def test_special_values_follow_the_documented_rules():
+  inf, nan = np.inf, np.nan
+  x = np.array([[inf, 1.0, 2.0, -inf, 0.0, 3.0],    # +inf is 1, -inf is 0, finite share k - 1
+                [1.0, nan, 0.0, 2.0, 3.0, 4.0],     # NaN anywhere: a NaN row
+                [inf, inf, inf, 0.0, 1.0, 2.0],     # more +inf than k: no threshold, NaN
+                [-inf, -inf, -inf, -inf, 1.0, 2.0],  # k = #(> -inf): finite entries are 1
+                [0.5, 0.5, 0.5, 0.5, 0.5, 0.5],     # k = 0: zeros
+                [3.0, 1.0, 2.0, 0.0, -1.0, 5.0]])   # k = n: ones
+  k = np.array([2.5, 2.0, 2.0, 2.0, 0.0, 6.0])
+  l = np.full(6, 0.5)
+  y, info = run(solver(), x, k, l)
+  expected = mask_reference(x, k, l)
+  assert_close(y, expected, mask_tolerance(x, k, l))
+  # the same rows as the default solver, NaN for NaN
+  y_threshold = itk.soft_topk_mask(x, k, regularization_strength=l, solver="threshold")
+  np.testing.assert_array_equal(np.isnan(y), np.isnan(y_threshold))
+  np.testing.assert_allclose(np.nan_to_num(np.asarray(y)), np.nan_to_num(np.asarray(y_threshold)),
+                             rtol=0, atol=1e-15)
+  # rows answered by the bracket take no pass; row 0 iterates
+  assert np.asarray(info.iter_num).tolist()[1:] == [0, 0, 0, 0, 0] and info.iter_num[0] > 0
+
+
+def test_rows_of_one_entry():
+  x = np.array([[0.4], [-3.0], [1e3]])
+  k = np.array([0.25, 1.0, 0.0])
+  y, _ = run(solver(), x, k, np.array([0.1, 1.0, 5.0]))
+  np.testing.assert_array_equal(np.asarray(y)[:, 0], k)  # the only entry carries all of k
+
+
+# -- certificate and fallback -----------------------------------------------------------
+
+
+def test_rows_left_uncertified_are_solved_exactly_by_the_fallback():
+  x = np.vstack([X, np.zeros((1, 6))])
+  k = np.append(K, 0.0)  # the last row is answered by the bracket, in the kernel
+  l = np.append(L, 1.0)
+  # one pass is not enough for the first three rows: the kernel alone is far off
+  lam, passes, certified = pallas_threshold.threshold_rows(
+      CappedSimplex(), jnp.asarray(x), jnp.asarray(k), jnp.asarray(l), maxiter=1)
+  assert np.asarray(certified).tolist() == [False, False, False, True]
+  assert np.asarray(passes).tolist() == [1, 1, 1, 0]
+  y_kernel_only = CappedSimplex().primal(lam, jnp.asarray(x), jnp.asarray(l))
+  expected = mask_reference(x, k, l)
+  assert np.max(np.abs(np.asarray(y_kernel_only) - expected)[:3]) > 1e-3
+  # through the solver: the same rows are exact, and iter_num > maxiter says they left
+  y, info = run(solver(maxiter=1), x, k, l)
+  assert_close(y, expected, mask_tolerance(x, k, l))
+  iter_num = np.asarray(info.iter_num)
+  assert np.all(iter_num[:3] > 1) and iter_num[3] == 0, iter_num
+  assert np.all(np.asarray(info.residual)[:3] <= 1e-13)
+
+
+# -- derivatives ------------------------------------------------------------------------
+
+
+# Two rows away from kinks, and tangents in x, k and l.
+D_ARGS = (X[[0, 2]], np.array([2.0, 2.5]), np.array([0.5, 2.0]))
+D_TANGENTS = (np.cos(np.arange(12.0)).reshape(2, 6), np.array([0.3, -0.2]), np.array([0.1, 0.05]))
+D_COTANGENT = np.sin(np.arange(12.0)).reshape(2, 6)
+
+
+def _op(x, k, l):
+  return run(solver(), x, k, l)[0]
+
+
+def _loss_gradient(x, k, l):
+  return jax.grad(lambda *a: jnp.sum(_op(*a) * D_COTANGENT), argnums=(0, 1, 2))(x, k, l)
+
+
+def _central_difference():
+  """d/dt of the reference mask along the tangents, by central differences in float64."""
+  (x, k, l), (vx, vk, vl), h = D_ARGS, D_TANGENTS, 1e-6
+  states, safe = R.mask_partition(x, k, l, margin=1e-4)
+  assert safe  # away from kinks: the central difference is accurate
+  for sign in (-2, 2):
+    assert R.mask_partition(x + sign * h * vx, k + sign * h * vk, l + sign * h * vl)[0] == states
+  return (mask_reference(x + h * vx, k + h * vk, l + h * vl)
+          - mask_reference(x - h * vx, k - h * vk, l - h * vl)) / (2 * h)
+
+
+def _check_gradient(grads, fd):
+  """<J^T u, v> = <u, J v> with J v from the central difference."""
+  lhs = sum(np.sum(np.asarray(g) * v) for g, v in zip(grads, D_TANGENTS))
+  np.testing.assert_allclose(lhs, np.sum(fd * D_COTANGENT), rtol=1e-6, atol=1e-9)
+
+
+def test_jvp_and_grad_equal_central_differences_of_the_reference():
+  fd = _central_difference()
+  _, tangent = jax.jvp(_op, D_ARGS, D_TANGENTS)
+  np.testing.assert_allclose(np.asarray(tangent), fd, rtol=1e-6, atol=2e-7)
+  _check_gradient(_loss_gradient(*D_ARGS), fd)
+
+
+# -- transformations, export, lowering --------------------------------------------------
+
+
+def test_vmap_equals_the_reference():
+  x = np.stack([X, X[::-1] * 2])
+  y = jax.vmap(lambda z: run(solver(), z, 2.5, 0.5)[0])(x)
+  assert_close(y, mask_reference(x, 2.5, 0.5), mask_tolerance(x, 2.5, 0.5))
+
+
+def test_jax_export_round_trip():
+  """The gradient (its forward pass included), exported, serialized, deserialized and
+  called: plain HLO (interpret mode on CPU), equal to central differences."""
+  exported = export.deserialize(export.export(jax.jit(_loss_gradient))(*D_ARGS).serialize())
+  assert "custom_call" not in exported.mlir_module()
+  _check_gradient(exported.call(*D_ARGS), _central_difference())
+
+
+def test_the_kernel_is_used_and_nothing_sorts():
+  x = jnp.asarray(X)
+  names = set()
+
+  def collect(jaxpr):
+    for eqn in jaxpr.eqns:
+      names.add(eqn.primitive.name)
+      for value in eqn.params.values():
+        for sub in (value if isinstance(value, (list, tuple)) else [value]):
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            collect(inner)
+
+  forward = lambda z: run(solver(), z, 2.5, 0.5)[0]
+  collect(jax.make_jaxpr(jax.grad(lambda z: jnp.sum(jnp.sin(forward(z)))))(x).jaxpr)
+  assert "pallas_call" in names
+  assert not names & {"sort", "top_k", "argsort", "approx_top_k"}
+
+
+def _lower_for_cuda(fn, *args):
+  """StableHLO of ``fn`` lowered for CUDA on this (CPU) machine."""
+  try:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  except RuntimeError as exc:  # jax >= 0.11 asks for a GPU (or an abstract one) here
+    if "GPU" in str(exc):
+      pytest.skip(f"this jax lowers Triton kernels only with a GPU: {exc}")
+    raise
+
+
+PROBLEMS = {"p=4/3": CappedSimplex(), "p=2": CappedSimplex(itk.PNorm(2.0)),
+            "p=3": CappedSimplex(itk.PNorm(3.0)), "entropy": CappedSimplex(itk.Entropy()),
+            "sigmoid": CappedSimplex(itk.BinaryEntropy()), "laplace": CappedSimplex(itk.Laplace()),
+            "magnitude": Magnitude(), "magnitude p=2": Magnitude(2.0)}
+
+
+@slow
+@pytest.mark.parametrize("name", list(PROBLEMS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_kernel_lowers_through_triton_for_cuda(name, dtype):
+  rows = jax.ShapeDtypeStruct((64, 100), dtype)
+  per_row = jax.ShapeDtypeStruct((64,), dtype)
+  fn = lambda x, k, l: pallas_threshold.threshold_rows(PROBLEMS[name], x, k, l, maxiter=48)
+  text = _lower_for_cuda(fn, rows, per_row, per_row)
+  assert text.count("__gpu$xla.gpu.triton") == 1 and "num_warps" in text
+
+
+def test_export_for_cuda_carries_the_triton_kernel():
+  x = jax.ShapeDtypeStruct((8, 64), jnp.float32)
+  op = lambda z: run(solver(), z, 2.0, 0.5)[0]
+  _lower_for_cuda(op, x)  # skips where this jax cannot lower for CUDA without a GPU
+  triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+  exported = export.export(jax.jit(op), platforms=("cuda",), disabled_checks=[triton])(x)
+  assert "__gpu$xla.gpu.triton" in exported.mlir_module()
+
+
+# -- options and errors -----------------------------------------------------------------
+
+
+def test_layouts_other_than_whole_rows_are_refused():
+  with pytest.raises(ValueError, match="solver='pallas' holds each whole row"):
+    PallasSolver(problem=CappedSimplex(layout=Segments(2)))
+  with pytest.raises(ValueError, match="solver='pallas' holds each whole row"):
+    PallasSolver(problem=Magnitude()).with_layout(Tree())
+  with pytest.raises(ValueError, match="solver='pallas' holds each whole row"):
+    PallasSolver().with_layout(LastAxis("d"))
+  with pytest.raises(ValueError, match="maxiter"):
+    PallasSolver(maxiter=0)
+  with pytest.raises(ValueError, match="use implicit_diff=True"):
+    PallasSolver(implicit_diff=False).run(None, jnp.ones(3), 1.0, 1.0)
+
+
+@slow
+def test_rows_too_long_for_the_kernel_go_to_the_threshold_solver():
+  n = pallas_threshold.MAX_ROW_LENGTH + 1
+  x = np.random.default_rng(0).normal(size=(2, n))
+  y, info = run(solver(maxiter=5), x, 40.5, 0.1)
+  y_threshold, info_threshold = _apply.threshold_operator(
+      itk.ThresholdSolver(), x, 40.5, 0.1, axis=-1, return_info=True)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y_threshold))
+  np.testing.assert_array_equal(np.asarray(info.iter_num), np.asarray(info_threshold.iter_num) + 5)
+
+
+@slow
+def test_where_excludes_entries():
+  where = np.ones(X.shape, bool)
+  where[:, 4:] = False
+  y, _ = run(solver(), X, np.array([2.0, 1.5, 0.5]), L, where=where)
+  expected = mask_reference(X[:, :4], np.array([2.0, 1.5, 0.5]), L)
+  assert np.all(np.asarray(y)[:, 4:] == 0)
+  assert_close(np.asarray(y)[:, :4], expected, mask_tolerance(X[:, :4], np.array([2.0, 1.5, 0.5]), L))
+
+
+# -- sweeps (slow) ----------------------------------------------------------------------
+
+
+def _random_rows(rng, batch, n):
+  """Normal rows, some with ties (entries from a small pool), some scaled."""
+  x = rng.normal(size=(batch, n)) * rng.choice([0.1, 1.0, 10.0], size=(batch, 1))
+  pool = rng.random((batch, n)) < 0.3
+  return np.where(pool, rng.choice([0.0, 0.5, -1.0], size=(batch, n)), x)
+
+
+def _random_k(rng, batch, n):
+  k = rng.uniform(0, n, size=batch)
+  k[::4] = np.round(k[::4])
+  k[1::5] = rng.uniform(1e-6, 1e-2, size=k[1::5].shape)
+  k[2::5] = n - rng.uniform(1e-6, 1e-2, size=k[2::5].shape)
+  return k
+
+
+@slow
+@pytest.mark.parametrize("reg,p", [("pnorm", 4.0 / 3.0), ("pnorm", 2.0), ("pnorm", 1.1),
+                                   ("pnorm", 3.0), ("entropy", 2.0), ("sigmoid", 2.0),
+                                   ("laplace", 2.0)])
+@pytest.mark.parametrize("n", [1, 7, 33, 128])
+def test_mask_sweep_float64(reg, p, n):
+  rng = np.random.default_rng([n, int(100 * p), len(reg)])
+  batch = 12
+  x = _random_rows(rng, batch, n)
+  k = _random_k(rng, batch, n)
+  l = 10.0 ** rng.uniform(-1.5, 1, size=batch)
+  for cap in (48, 2):
+    y, info = run(solver(reg, p, maxiter=cap), x, k, l)
+    assert_close(y, mask_reference(x, k, l, reg, p), mask_tolerance(x, k, l, reg, p),
+                 f"{reg} p={p} n={n} cap={cap}")
+
+
+@slow
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16],
+                         ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0])
+def test_mask_sweep_low_precision(dtype, p):
+  rng = np.random.default_rng([7, int(10 * p)])
+  n, batch = 20, 16
+  x = _random_rows(rng, batch, n).astype(dtype)
+  k = _random_k(rng, batch, n)
+  l = 10.0 ** rng.uniform(-1, 1, size=batch)
+  y, _ = run(solver(p=p), x, k, l)
+  x64 = np.asarray(x, np.float64)
+  assert_close(y, mask_reference(x64, k, l, p=p), low_precision_tolerance(x64, k, l, dtype, p))
+
+
+@slow
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0, 3.0])
+def test_magnitude_sweep(p):
+  rng = np.random.default_rng([11, int(10 * p)])
+  n, batch = 17, 12
+  x = _random_rows(rng, batch, n)
+  k = _random_k(rng, batch, n)
+  l = 10.0 ** rng.uniform(-1.5, 1, size=batch)
+  for cap in (48, 1):
+    y, _ = run(solver(p=p, magnitude=True, maxiter=cap), x, k, l)
+    assert_close(y, R.soft_topk_mag(x, k, l, p), R.mag_tolerance(x, k, l, p, eps=U64),
+                 f"p={p} cap={cap}")
+
+
+@slow
+@pytest.mark.parametrize("reg", ["entropy", "sigmoid", "laplace", "magnitude"])
+def test_jvp_sweep(reg):
+  n, batch, h = 5, 3, 1e-6
+  rng = np.random.default_rng(len(reg))
+  x = rng.normal(size=(batch, n))
+  k = np.array([1.5, 2.2, 3.7])
+  l = np.array([0.7, 1.5, 3.0])
+  vx = rng.normal(size=(batch, n))
+  if reg == "magnitude":
+    op = lambda x_: run(solver(magnitude=True), x_, k, l)[0]
+    ref = lambda x_: R.soft_topk_mag(x_, k, l, 4.0 / 3.0)
+  else:
+    op = lambda x_: run(solver(reg), x_, k, l)[0]
+    ref = lambda x_: mask_reference(x_, k, l, reg)
+  _, tangent = jax.jvp(op, (x,), (vx,))
+  fd = (ref(x + h * vx) - ref(x - h * vx)) / (2 * h)
+  np.testing.assert_allclose(np.asarray(tangent), fd, rtol=1e-6, atol=2e-7)
+
+
+_SHARD_MAP_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from implicit_topk import _apply
+from implicit_topk.solvers.pallas import PallasSolver
+mesh = jax.make_mesh((2,), ("b",))
+x0 = np.random.default_rng(0).normal(size=(4, 7)).astype(np.float32)
+x = jax.device_put(x0, NamedSharding(mesh, P("b")))
+for cap in (48, 1):
+  op = lambda z: _apply.threshold_operator(PallasSolver(maxiter=cap), z, 2.5, 0.1, axis=-1)
+  grad = jax.grad(lambda z: jnp.sum(op(z) * jnp.cos(z)))
+  for name, fn in (("forward", op), ("grad", grad)):
+    sharded = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("b"), out_specs=P("b")))
+    print(name, cap, float(np.max(np.abs(np.asarray(sharded(x)) - np.asarray(fn(x0))))))
+"""
+
+
+@slow
+def test_shard_map_over_a_batch_sharded_input():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  result = subprocess.run([sys.executable, "-c", _SHARD_MAP_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.split("\n")
+  errors = {tuple(line.split()[:2]): float(line.split()[2]) for line in lines if line}
+  assert len(errors) == 4, result.stdout
+  assert all(err <= 1e-7 for err in errors.values()), errors  # sharded = unsharded
