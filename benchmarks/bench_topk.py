@@ -12,6 +12,16 @@ seed, and a k), it times under ``jax.jit``
   p in {4/3, 2} and solver in {auto, threshold, pav}, plus dykstra at p = 2 where
   n x batch <= 1e5.
 
+Two modes (``--mode``): ``percall`` (default) times one jitted call from Python, so
+both sides include the dispatch cost of a call; ``ingraph`` times the op as a model's
+jitted step pays it: the op chained N times inside one jit (``lax.fori_loop``, each
+output feeding the next input: ``z + 1e-3 * op(z)`` for the hard mask,
+``z + 1e-3 * grad(sum(soft(z) * w))(z)`` for the soft ones), time / N, with
+N = ``--chain`` (default 50) for cells up to 1e6 entries and proportionally fewer (at
+least 5) above. Any solver name is accepted (``--solvers auto,threshold,pav,native,pallas``);
+one the library does not know is recorded as an error, and ``pallas`` is skipped on a
+CPU backend (Pallas interpret mode there is a test path: its timings mean nothing).
+
 Every contender of a cell is compiled and warmed up first; then the timed calls are
 interleaved (round r calls every contender once, in a fixed order), each ending with
 ``block_until_ready``. Reported: median, min, max, IQR of >= 11 calls (fewer, never
@@ -29,6 +39,7 @@ Usage::
     python benchmarks/bench_topk.py                        # full matrix (~10 min, 2-core CPU)
     python benchmarks/bench_topk.py --quick --out /tmp/q   # smoke test, < 30 s
     python benchmarks/bench_topk.py --cells router --solvers auto
+    python benchmarks/bench_topk.py --mode ingraph          # benchmarks/results/<backend>_matrix_ingraph
 """
 
 from __future__ import annotations
@@ -52,7 +63,11 @@ import jax.numpy as jnp
 
 HARD = "hard fwd"
 DEFAULT_SOLVER = "auto"
-ALL_SOLVERS = ("auto", "threshold", "pav", "dykstra")
+ALL_SOLVERS = ("auto", "threshold", "pav", "dykstra")  # the default --solvers
+MODES = ("percall", "ingraph")
+CHAIN_ELEMENTS = 1e6         # in graph: cells up to this many entries are chained --chain times
+MIN_CHAIN = 5
+CHAIN_STEP = 1e-3            # z <- z + CHAIN_STEP * op(z) links the chained calls
 P_VALUES = ((4.0 / 3.0, "4/3"), (2.0, "2"))
 DYKSTRA_MAX_ELEMENTS = 1e5   # dykstra (p = 2 only) runs where n x batch <= this
 SLOW_CALL_S = 1.0            # above this, non-default contenders may get fewer repeats
@@ -114,13 +129,26 @@ def contenders_for(cell, solvers):
   return out
 
 
-def static_skip(cell, solver):
+def static_skip(cell, solver, mode="percall", backend="cpu"):
   """Reason to skip a contender without running it, or None."""
   if cell["k"] >= cell["n"]:
     return f"k = n = {cell['n']}: every entry is selected (soft_topk_mask needs k < n)"
+  if solver == "dykstra" and mode == "ingraph":
+    return "dykstra is not chained in graph (approximate, ~1e3x the hard mask per call)"
   if solver == "dykstra" and cell["n"] * cell["batch"] > DYKSTRA_MAX_ELEMENTS:
     return f"dykstra runs only where n x batch <= {DYKSTRA_MAX_ELEMENTS:g}"
+  if solver == "pallas" and backend not in ("gpu", "cuda", "rocm"):
+    return (f"pallas runs in Pallas interpret mode on a {backend} backend (a test path; "
+            "its timings mean nothing)")
   return None
+
+
+def chain_length(cell, chain):
+  """In graph: how many times the op is chained in one jit for this cell (``chain`` up to
+  ``CHAIN_ELEMENTS`` entries, proportionally fewer above, at least ``MIN_CHAIN`` unless
+  ``chain`` itself is smaller)."""
+  size = cell["batch"] * cell["n"]
+  return min(chain, max(MIN_CHAIN, int(chain * CHAIN_ELEMENTS / size))) if size else chain
 
 
 # ----------------------------------------------------------------------------------
@@ -137,17 +165,23 @@ def _hard_mask(x, k):
                             inplace=False)
 
 
-def build(cell, solver, p):
-  """A jitted function of (x, w) for the contender."""
+def build(cell, solver, p, chain=None):
+  """A jitted function of (x, w) for the contender; with ``chain`` (in graph) the op
+  chained that many times in one ``lax.fori_loop``, each output feeding the next input."""
   k, l = cell["k"], cell["l"]
   if solver is None:
-    return jax.jit(lambda x, w: _hard_mask(x, k))
-  from implicit_topk import soft_topk_mask
+    op = lambda x, w: _hard_mask(x, k)
+  else:
+    from implicit_topk import soft_topk_mask
 
-  def loss(x, w):
-    return jnp.sum(soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver) * w)
+    def loss(x, w):
+      return jnp.sum(soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver) * w)
 
-  return jax.jit(jax.grad(loss))  # gradient in x only; w is an argument, not a constant
+    op = jax.grad(loss)  # gradient in x only; w is an argument, not a constant
+  if chain is None:
+    return jax.jit(op)
+  return jax.jit(lambda x, w: jax.lax.fori_loop(
+      0, chain, lambda _, z: z + CHAIN_STEP * op(z, w), x))
 
 
 def _block(out):
@@ -174,12 +208,19 @@ def _stats(samples):
           "spread": (q[2] - q[0]) / med if med > 0 else None, "repeats": len(s)}
 
 
-def run_cell(cell, contenders, opts, x, w):
-  """Compiles + warms every contender, then times them interleaved. Returns records."""
+def run_cell(cell, contenders, opts, x, w, backend="cpu"):
+  """Compiles + warms every contender, then times them interleaved. Returns records.
+
+  In graph, every timing (samples, warm and compile included) is of one chained call;
+  ``samples_s`` and the statistics are per op (divided by the chain length)."""
+  chain = chain_length(cell, opts.chain) if opts.mode == "ingraph" else None
+  per_op = 1.0 / (chain or 1)
   recs = []
   for name, solver, p in contenders:
     rec = {"contender": name, "solver": solver, "p": p}
-    reason = static_skip(cell, solver) if solver is not None else (
+    if chain is not None:
+      rec["chain"] = chain
+    reason = static_skip(cell, solver, opts.mode, backend) if solver is not None else (
         static_skip(cell, None) if cell["k"] > cell["n"] else None)
     if reason:
       rec["skipped"] = reason
@@ -190,7 +231,7 @@ def run_cell(cell, contenders, opts, x, w):
     if "skipped" in rec:
       continue
     try:
-      fn = build(cell, rec["solver"], rec["p"])
+      fn = build(cell, rec["solver"], rec["p"], chain)
       t0 = time.perf_counter()
       out = _block(fn(x, w))
       rec["compile_s"] = time.perf_counter() - t0
@@ -200,7 +241,7 @@ def run_cell(cell, contenders, opts, x, w):
       rec["warm_s"] = one
       arr = np.asarray(out, np.float64)
       rec["finite"] = bool(np.all(np.isfinite(arr)))
-      if rec["solver"] is None:
+      if rec["solver"] is None and chain is None:  # in graph the output is the chain's end
         rec["max_abs_sum_err"] = float(np.max(np.abs(arr.sum(-1) - cell["k"])))
       del out, arr
       if one > HOPELESS_CALL_S:
@@ -227,7 +268,7 @@ def run_cell(cell, contenders, opts, x, w):
       try:
         t0 = time.perf_counter()
         _block(fn(x, w))
-        rec["samples_s"].append(time.perf_counter() - t0)
+        rec["samples_s"].append((time.perf_counter() - t0) * per_op)
       except Exception as exc:
         rec["error"] = f"during timing: {_short_error(exc)}"
         rec["traceback"] = traceback.format_exc()
@@ -293,8 +334,14 @@ def markdown(result):
   meta = result["meta"]
   cells = result["cells"]
   names = _contender_names(cells)
+  ingraph = meta.get("mode") == "ingraph"
+  what = (f"in graph: each op chained N times inside one jit (`lax.fori_loop`, "
+          f"`z + {CHAIN_STEP:g} * op(z)`), time / N, N = {meta['options'].get('chain')} for cells "
+          f"up to {CHAIN_ELEMENTS:g} entries, fewer (>= {MIN_CHAIN}) above (column `N`)"
+          if ingraph else "per call: one jitted call from Python per timing")
   lines = [
-      f"# implicit_topk benchmark matrix — backend `{meta['backend']}`",
+      f"# implicit_topk benchmark matrix ({'in graph' if ingraph else 'per call'}) — "
+      f"backend `{meta['backend']}`",
       "",
       f"- device: {meta['device']}; CPUs: {meta['cpu_count']}; {meta['platform']}",
       f"- jax {meta['jax']}, jaxlib {meta['jaxlib']}, numba {meta['numba']} "
@@ -308,32 +355,37 @@ def markdown(result):
       "(forward only); `soft <solver> p=<p>` = jitted `jax.grad` of "
       "`sum(soft_topk_mask(x, k, regularization_strength=l, p=p, solver=solver) * w)` "
       "(forward + backward); column `strength` = l.",
+      f"- mode: {what}.",
       f"- each entry: median ms over interleaved repeats (>= {meta['options']['repeats']} "
       "for the hard mask and the default solver) and, in parentheses, the ratio to the "
       f"hard fwd median of the same cell; **bold**: default solver (`{DEFAULT_SOLVER}`) "
       "more than 2x the hard mask.",
       "",
-      "| cell | strength | hard fwd (ms) | " + " | ".join(names) + " | load 1m |",
-      "|:---|---:|---:|" + "---:|" * len(names) + "---:|",
+      "| cell | strength | " + ("N | " if ingraph else "") + "hard fwd (ms) | "
+      + " | ".join(names) + " | load 1m |",
+      "|:---|---:|" + ("---:|" if ingraph else "") + "---:|" + "---:|" * len(names) + "---:|",
   ]
   notes = []
   for c in cells:
     by = {r["contender"]: r for r in c["records"]}
-    row = [c["name"], f"{c['l']:g}", _cell_text(by.get(HARD), False)]
+    row = [c["name"], f"{c['l']:g}"] + ([str(c.get("chain", ""))] if ingraph else [])
+    row.append(_cell_text(by.get(HARD), False))
     for n in names:
       row.append(_cell_text(by.get(n)))
     load = c.get("loadavg")
     row.append(f"{load[0]:.2f}" if load else "")
     lines.append("| " + " | ".join(row) + " |")
     for r in c["records"]:
-      if "skipped" in r and not r["skipped"].startswith(("dykstra runs only", "k = n")):
+      if "skipped" in r and not r["skipped"].startswith(("dykstra runs only", "k = n",
+                                                           "dykstra is not chained")):
         notes.append(f"- {c['name']}, {r['contender']}: skipped ({r['skipped']})")
       elif "error" in r:
         notes.append(f"- {c['name']}, {r['contender']}: error ({r['error']})")
       elif r.get("finite") is False:
         notes.append(f"- {c['name']}, {r['contender']}: non-finite output")
   lines += ["", "Skipped by rule: dykstra where n x batch > "
-            f"{DYKSTRA_MAX_ELEMENTS:g}; soft contenders where k = n."]
+            f"{DYKSTRA_MAX_ELEMENTS:g}" + (" and everywhere in graph" if ingraph else "")
+            + "; soft contenders where k = n."]
   if notes:
     lines += ["", "Errors and skips:", ""] + notes
   return "\n".join(lines) + "\n"
@@ -363,7 +415,8 @@ def plot(result, path_png):
   ax.set_xticks(xs)
   ax.set_xticklabels([c["name"] for c in cells], rotation=60, ha="right", fontsize=8)
   ax.set_ylabel("soft fwd+bwd / hard fwd (median)")
-  ax.set_title(f"implicit_topk vs lax.top_k mask, {result['meta']['backend']} "
+  mode = "in graph" if result["meta"].get("mode") == "ingraph" else "per call"
+  ax.set_title(f"implicit_topk vs lax.top_k mask, {mode}, {result['meta']['backend']} "
                f"({result['meta']['date'][:10]})")
   ax.grid(True, which="both", axis="y", alpha=0.3)
   ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -419,6 +472,7 @@ def metadata(opts, load_start):
       "loadavg_start": load_start,
       "loadavg_end": _loadavg(),
       "default_solver": DEFAULT_SOLVER,
+      "mode": opts.mode,
       "options": {k: v for k, v in vars(opts).items()},
   }
 
@@ -432,7 +486,14 @@ def parse_args(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   ap.add_argument("--solvers", default=",".join(ALL_SOLVERS),
-                  help="comma-separated soft solvers (auto, threshold, pav, dykstra)")
+                  help="comma-separated soft solvers, any name soft_topk_mask takes (auto, "
+                  "threshold, pav, dykstra, native, pallas, ...)")
+  ap.add_argument("--mode", choices=MODES, default="percall",
+                  help="percall: one jitted call from Python per timing; ingraph: the op "
+                  "chained --chain times inside one jit, time / chain")
+  ap.add_argument("--chain", type=int, default=50,
+                  help=f"in graph: chain length for cells up to {CHAIN_ELEMENTS:g} entries "
+                  f"(proportionally fewer above, at least {MIN_CHAIN})")
   ap.add_argument("--cells", default=None,
                   help="comma-separated substrings; keep only cells whose name contains "
                   "one of them, e.g. 'router', 'large', '64x1e4', 'k=2'")
@@ -469,16 +530,18 @@ def parse_args(argv=None):
     opts.repeats = 3 if opts.quick else 11
   opts.repeats = max(1, opts.repeats)
   opts.min_repeats = max(1, min(opts.min_repeats, opts.repeats))
+  if opts.chain < 1:
+    ap.error("--chain must be >= 1")
   solvers = [s.strip() for s in opts.solvers.split(",") if s.strip()]
-  unknown = sorted(set(solvers) - set(ALL_SOLVERS))
-  if unknown:
-    ap.error(f"unknown solvers {unknown}; choose from {', '.join(ALL_SOLVERS)}")
-  opts.solvers = [s for s in ALL_SOLVERS if s in solvers]
+  # The default solvers in their usual order, then any other name as given (a name the
+  # library does not know is recorded as an error in its cells).
+  opts.solvers = [s for s in ALL_SOLVERS if s in solvers] + [
+      s for s in dict.fromkeys(solvers) if s not in ALL_SOLVERS]
   return opts
 
 
 def output_stem(opts, backend):
-  default_name = f"{backend}_matrix"
+  default_name = f"{backend}_matrix" + ("_ingraph" if opts.mode == "ingraph" else "")
   if opts.out is None:
     stem = os.path.join("benchmarks", "results", default_name)
   elif os.path.isdir(opts.out) or opts.out.endswith(os.sep):
@@ -517,7 +580,7 @@ def main(argv=None):
     return name == HARD or not subs or any(s in name for s in subs)
 
   total = sum(1 for c in cells for name, _, _ in contenders_for(c, opts.solvers) if keep(name))
-  print(f"backend={backend} device={jax.devices()[0]} cells={len(cells)} "
+  print(f"backend={backend} device={jax.devices()[0]} mode={opts.mode} cells={len(cells)} "
         f"contenders={total} solvers={','.join(opts.solvers)} repeats={opts.repeats} "
         f"loadavg={load_start}", flush=True)
   stem = output_stem(opts, backend)
@@ -535,7 +598,7 @@ def main(argv=None):
     print(f"-- {cell['name']} (l={cell['l']:g}) loadavg={load}", flush=True)
     t_cell = time.perf_counter()
     chosen = [c for c in contenders_for(cell, opts.solvers) if keep(c[0])]
-    recs = run_cell(cell, chosen, opts, x, w)
+    recs = run_cell(cell, chosen, opts, x, w, backend)
     del x, w
     for r in recs:
       done += 1
@@ -551,8 +614,9 @@ def main(argv=None):
               f"{_fmt_ms(r['min_s']):>7} ms  spread {100 * (r['spread'] or 0):4.0f}%  "
               f"reps {r['repeats']:>2}  compile {r['compile_s']:.1f}s{ratio}", flush=True)
       flat.append(dict(r, cell=cell["name"]))
+    extra = {"chain": chain_length(cell, opts.chain)} if opts.mode == "ingraph" else {}
     result_cells.append(dict(cell, loadavg=load, seconds=time.perf_counter() - t_cell,
-                             records=recs))
+                             records=recs, **extra))
 
   meta = metadata(opts, load_start)
   meta["total_s"] = time.perf_counter() - t_start

@@ -3,15 +3,19 @@
 
 Prints a compact Markdown table (cell, hard fwd ms, and the soft fwd+bwd / hard fwd
 ratio of: the default solver at p = 4/3 and p = 2, the threshold solver and the PAV
-solver at p = 4/3), or, with ``--write FILE``, replaces the text between the lines
-``<!-- bench-matrix:start -->`` and ``<!-- bench-matrix:end -->`` in FILE by it. If
-FILE lacks the markers, says so and exits with status 1.
+solver at p = 4/3, and any other solver of the run at p = 4/3), or, with ``--write
+FILE``, replaces the text between the lines ``<!-- bench-matrix:start -->`` and
+``<!-- bench-matrix:end -->`` in FILE by it (for a JSON of ``--mode ingraph``:
+``<!-- bench-matrix-ingraph:start -->`` and ``<!-- bench-matrix-ingraph:end -->``;
+``--block NAME`` picks other markers). If FILE lacks the markers, says so and exits
+with status 1.
 
 Usage::
 
     python benchmarks/readme_table.py                                  # print
     python benchmarks/readme_table.py --write README.md                # update README
     python benchmarks/readme_table.py benchmarks/results/cpu_matrix.json --write README.md
+    python benchmarks/readme_table.py benchmarks/results/cpu_matrix_ingraph.json --write README.md
 """
 
 from __future__ import annotations
@@ -21,8 +25,14 @@ import json
 import os
 import sys
 
+BLOCKS = {"percall": "bench-matrix", "ingraph": "bench-matrix-ingraph"}
 START = "<!-- bench-matrix:start -->"
 END = "<!-- bench-matrix:end -->"
+
+
+def markers(block: str) -> tuple[str, str]:
+  """The start and end lines of the README block named ``block``."""
+  return f"<!-- {block}:start -->", f"<!-- {block}:end -->"
 from bench_topk import _fmt_ms, _fmt_ratio  # noqa: E402  (the script's folder is on sys.path)
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
@@ -51,15 +61,26 @@ def table(result) -> str:
              (f"{default} p=2", f"soft {default} p=2", 2.0),
              ("threshold p=4/3", "soft threshold p=4/3", None),
              ("pav p=4/3", "soft pav p=4/3", None)]
-  reps = meta.get("options", {}).get("repeats", "?")
+  shown = {key for _, key, _ in columns}
+  extra = {r["contender"] for c in result["cells"] for r in c["records"]
+           if r.get("p") is not None and abs(r["p"] - 4.0 / 3.0) < 1e-12}
+  columns += [(key[len("soft "):], key, None) for key in sorted(extra - shown)]
+  options = meta.get("options", {})
+  reps = options.get("repeats", "?")
+  ingraph = meta.get("mode") == "ingraph"
+  how = (f", in graph (the op chained up to {options.get('chain', '?')} times inside one "
+         "jit, time / chain length); median of {} interleaved runs" if ingraph
+         else "; median of {} interleaved calls").format(reps)
+  full = "cpu_matrix_ingraph.md` (`python benchmarks/bench_topk.py --mode ingraph`)" if ingraph \
+      else "cpu_matrix.md` (`python benchmarks/bench_topk.py`)"
   lines = [
       f"Soft top-k mask forward+backward (`jax.grad`) time divided by the hard mask's "
-      f"forward time (`lax.top_k` + scatter), both jitted; median of {reps} interleaved "
-      f"calls; float32 N(0, 1) scores; {meta.get('backend', '?')}, "
+      f"forward time (`lax.top_k` + scatter), both jitted{how}; float32 N(0, 1) "
+      f"scores; {meta.get('backend', '?')}, "
       f"{meta.get('cpu_count', '?')} cores, jax {meta.get('jax', '?')}, "
       f"{meta.get('date', '?')[:10]}, load average {(meta.get('loadavg_start') or ['?'])[0]} "
       f"at start. **Bold**: the default solver (`{default}`) above 2x. Full table: "
-      "`benchmarks/results/cpu_matrix.md` (`python benchmarks/bench_topk.py`).",
+      f"`benchmarks/results/{full}.",
       "",
       "| cell | strength | hard fwd (ms) | " + " | ".join(c[0] for c in columns) + " |",
       "|:---|---:|---:|" + "---:|" * len(columns),
@@ -74,14 +95,15 @@ def table(result) -> str:
   return "\n".join(lines) + "\n"
 
 
-def replace_block(text: str, block: str) -> str | None:
-  """``text`` with the lines between the markers replaced by ``block``; None if the
-  markers are missing or out of order."""
-  i = text.find(START)
-  j = text.find(END, i + len(START)) if i >= 0 else -1
+def replace_block(text: str, block: str, name: str = BLOCKS["percall"]) -> str | None:
+  """``text`` with the lines between the markers of ``name`` replaced by ``block``;
+  None if the markers are missing or out of order."""
+  start, end = markers(name)
+  i = text.find(start)
+  j = text.find(end, i + len(start)) if i >= 0 else -1
   if i < 0 or j < 0:
     return None
-  return text[:i + len(START)] + "\n" + block.rstrip("\n") + "\n" + text[j:]
+  return text[:i + len(start)] + "\n" + block.rstrip("\n") + "\n" + text[j:]
 
 
 def main(argv=None) -> int:
@@ -89,23 +111,30 @@ def main(argv=None) -> int:
   ap.add_argument("json", nargs="?", default=DEFAULT_JSON,
                   help="bench_topk.py's JSON (default benchmarks/results/cpu_matrix.json)")
   ap.add_argument("--write", metavar="FILE", default=None,
-                  help=f"replace the block between {START} and {END} in FILE")
+                  help=f"replace the block between {START} and {END} in FILE (the "
+                  "bench-matrix-ingraph markers for an in-graph JSON)")
+  ap.add_argument("--block", default=None,
+                  help="name of the marker pair (default: bench-matrix, or "
+                  "bench-matrix-ingraph for a JSON of --mode ingraph)")
   opts = ap.parse_args(argv)
   with open(opts.json) as f:
-    block = table(json.load(f))
+    result = json.load(f)
+  block = table(result)
+  name = opts.block or BLOCKS[result["meta"].get("mode", "percall")]
   if opts.write is None:
     sys.stdout.write(block)
     return 0
   with open(opts.write) as f:
     text = f.read()
-  new = replace_block(text, block)
+  new = replace_block(text, block, name)
   if new is None:
-    print(f"{opts.write}: markers {START} ... {END} not found; nothing written",
+    start, end = markers(name)
+    print(f"{opts.write}: markers {start} ... {end} not found; nothing written",
           file=sys.stderr)
     return 1
   with open(opts.write, "w") as f:
     f.write(new)
-  print(f"updated the bench-matrix block of {opts.write} from {opts.json}")
+  print(f"updated the {name} block of {opts.write} from {opts.json}")
   return 0
 
 

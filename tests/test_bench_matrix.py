@@ -1,5 +1,5 @@
-"""Smoke test of the benchmark matrix (benchmarks/bench_topk.py --quick) and of
-benchmarks/readme_table.py (the README block it rewrites)."""
+"""Smoke test of the benchmark matrix (benchmarks/bench_topk.py --quick, per call and in
+graph) and of benchmarks/readme_table.py (the README blocks it rewrites)."""
 
 import json
 import os
@@ -22,14 +22,19 @@ def _run(args, **kw):
                         capture_output=True, text=True, **kw)
 
 
-@pytest.fixture(scope="module")
-def quick_json(tmp_path_factory):
+def _bench(tmp_path_factory, *options):
+  """Runs the bench with ``options``; the path of its JSON (the .md and .png exist)."""
   out = tmp_path_factory.mktemp("bench") / "q"
-  proc = _run([BENCH, "--quick", "--out", out], timeout=300)
+  proc = _run([BENCH, "--quick", *options, "--out", out], timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   for ext in ("md", "json", "png"):
     assert out.with_suffix(f".{ext}").is_file(), ext
   return out.with_suffix(".json")
+
+
+@pytest.fixture(scope="module")
+def quick_json(tmp_path_factory):
+  return _bench(tmp_path_factory)
 
 
 def test_quick_json(quick_json):
@@ -58,13 +63,18 @@ def test_quick_json(quick_json):
   assert "| cell |" in md and "hard fwd (ms)" in md
 
 
+def _write_table(result_json, readme, text):
+  """``readme`` holding ``text``, rewritten by readme_table.py from ``result_json``."""
+  readme.write_text(text)
+  proc = _run([TABLE, result_json, "--write", readme], timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  return readme.read_text()
+
+
 def test_readme_table_replaces_block(quick_json, tmp_path):
   readme = tmp_path / "README.md"
-  readme.write_text("intro\n<!-- bench-matrix:start -->\nstale table\n"
-                    "<!-- bench-matrix:end -->\noutro\n")
-  proc = _run([TABLE, quick_json, "--write", readme], timeout=60)
-  assert proc.returncode == 0, proc.stderr
-  text = readme.read_text()
+  text = _write_table(quick_json, readme, "intro\n<!-- bench-matrix:start -->\nstale table\n"
+                      "<!-- bench-matrix:end -->\noutro\n")
   assert "stale table" not in text
   assert text.startswith("intro\n<!-- bench-matrix:start -->\n")
   assert text.endswith("<!-- bench-matrix:end -->\noutro\n")
@@ -77,3 +87,41 @@ def test_readme_table_replaces_block(quick_json, tmp_path):
   missing = _run([TABLE, quick_json, "--write", plain], timeout=60)
   assert missing.returncode == 1 and "not found" in missing.stderr
   assert plain.read_text() == "no markers here\n"
+
+
+@pytest.fixture(scope="module")
+def ingraph_json(tmp_path_factory):
+  return _bench(tmp_path_factory, "--mode", "ingraph", "--chain", "4", "--solvers",
+                "auto,pallas")
+
+
+def test_ingraph_json(ingraph_json):
+  result = json.loads(ingraph_json.read_text())
+  meta = result["meta"]
+  assert meta["mode"] == "ingraph" and meta["options"]["chain"] == 4
+  for cell in result["cells"]:
+    assert cell["chain"] == 4  # the quick cell (1 x 1e3) is below the chain's size limit
+    by = {r["contender"]: r for r in cell["records"]}
+    hard, soft = by["hard fwd"], by["soft auto p=4/3"]
+    assert hard["chain"] == soft["chain"] == 4
+    assert "median_s" in soft and soft["ratio"] > 0, soft.get("error")
+    # per op: the samples are one chained call divided by the chain length
+    assert soft["min_s"] <= soft["median_s"] < soft["warm_s"] * 4
+    pallas = by["soft pallas p=4/3"]
+    if meta["backend"] == "cpu":
+      assert "interpret mode" in pallas["skipped"], pallas
+  md = ingraph_json.with_suffix(".md").read_text()
+  assert "(in graph)" in md and "| cell | strength | N | hard fwd (ms) |" in md
+
+
+def test_readme_table_writes_the_ingraph_block(ingraph_json, tmp_path):
+  text = _write_table(ingraph_json, tmp_path / "README.md",
+                      "<!-- bench-matrix:start -->\nper call\n<!-- bench-matrix:end -->\n"
+                      "<!-- bench-matrix-ingraph:start -->\nstale\n"
+                      "<!-- bench-matrix-ingraph:end -->\n")
+  assert "per call" in text and "stale" not in text and "in graph" in text
+  assert "| cell | strength | hard fwd (ms) | auto p=4/3 |" in text
+  only_percall = tmp_path / "percall.md"
+  only_percall.write_text("<!-- bench-matrix:start -->\n<!-- bench-matrix:end -->\n")
+  missing = _run([TABLE, ingraph_json, "--write", only_percall], timeout=60)
+  assert missing.returncode == 1 and "bench-matrix-ingraph:start" in missing.stderr
