@@ -19,8 +19,15 @@ from implicit_topk.permutahedron import (permutahedron_argmax, soft_quantile, so
                                          soft_topk_values)
 from implicit_topk.regularizers import BinaryEntropy, Entropy, Laplace, PNorm, Regularizer
 from implicit_topk.smooth_topk import grad_topk, iterative_softmax_topk
-from implicit_topk.solvers import DykstraSolver, OptStep, PAVSolver, RootState, ThresholdSolver
+from implicit_topk.solvers import (DykstraSolver, NativeSolver, OptStep, PAVSolver, RootState,
+                                   ThresholdSolver)
 from implicit_topk.sparse_softmax import sparse_softmax
+from implicit_topk.kernels.ffi import export_safety_checks
+from implicit_topk.solvers.native import register_targets as _register_native_targets
+
+# The compiled CPU kernels are XLA custom calls found by name: registered at import, so
+# that a function exported with jax.export runs in any process that imports the package.
+_register_native_targets()
 
 __version__ = "0.2.0"  # the one source of the version (pyproject.toml reads it)
 
@@ -32,5 +39,6 @@ __all__ = [
     "topk_cross_entropy", "topk_fenchel_young_loss", "smooth_topk_svm_loss", "soft_error_loss",
     "losses", "baselines", "problems",
     "Regularizer", "PNorm", "Entropy", "BinaryEntropy", "Laplace",
-    "PAVSolver", "ThresholdSolver", "DykstraSolver", "OptStep", "RootState",
+    "PAVSolver", "ThresholdSolver", "DykstraSolver", "NativeSolver", "OptStep", "RootState",
+    "export_safety_checks",
 ]

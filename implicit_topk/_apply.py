@@ -45,6 +45,23 @@ def input_size(x: Any) -> int:
   return int(np.size(x))
 
 
+def reduced_axis_is_sharded(x: Any, axis: int) -> bool:
+  """Whether ``axis`` of ``x`` is split over devices, as far as can be seen here: a
+  concrete array with a ``NamedSharding`` along it, or a traced value whose type
+  carries such a sharding (explicit mesh axes). A sharding XLA picks later, under
+  ``jit`` with automatic axes, is not visible and counts as not split."""
+  try:
+    ndim = np.ndim(x)
+    axis = axis % ndim if ndim else 0
+    sharding = getattr(x, "sharding", None) if not isinstance(x, jax.core.Tracer) else None
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+      spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+  except Exception:  # not an array (a list, a scalar): not sharded
+    return False
+  return spec is not None and axis < len(spec) and spec[axis] is not None
+
+
 def _solve(solver, rows, k, l, *, where=None, return_info=False):
   """The operator on ``rows`` laid out by ``solver.layout``: normalize, solve, map back.
 
@@ -58,8 +75,7 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False):
   k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)
   l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), row_shape)
   rows = solver.problem.normalize(rows, l_rows)
-  step = solver.run(None, rows, k_rows, l_rows)
-  y = solver.primal(step.params, rows, l_rows)
+  y, state = solver.solve_and_map(rows, k_rows, l_rows)
   # A traced l is not checked: l <= 0, l >= max_strength (or NaN) gives NaN rows, never a
   # wrong mask.
   upper = _validation.max_strength(dtype)
@@ -67,7 +83,7 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False):
                  layout.expand(l_rows, rows))
   if where is not None:
     y = jnp.where(where, y, jnp.zeros_like(y))
-  return (y, step.state) if return_info else y
+  return (y, state) if return_info else y
 
 
 def _solve_rows(x, k, l, where, segment_ids, *, solver, axis, return_info):

@@ -93,3 +93,42 @@ def implicit_root(
         has_aux=True,
     )
   raise ValueError(f"`implicit_diff_backend` must be one of {BACKENDS}; got {backend!r}.")
+
+
+def implicit_root_and_image(
+    solver_fun: Callable[..., tuple[jax.Array, Any, Any]],
+    optimality_fun: Callable[..., jax.Array],
+    image_fun: Callable[..., Any],
+    args: tuple,
+) -> tuple[jax.Array, Any, Any]:
+  r"""``solver_fun(*args) -> (root, image, aux)`` with implicit derivatives of both.
+
+  For a solver that computes the root :math:`\lambda(\theta)` of ``optimality_fun``
+  *and* its image ``image_fun(root, *args)`` (e.g. the top-k mask, written by the
+  same compiled kernel in the same pass): the implicit function theorem gives
+
+  .. math::
+
+      \dot\lambda = -\big(\partial_\lambda F\big)^{-1} \partial_\theta F\,\dot\theta,
+      \qquad \dot y = \partial_\lambda g\,\dot\lambda + \partial_\theta g\,\dot\theta,
+
+  every Jacobian-vector product taken by ``jax.jvp`` of ``optimality_fun`` and
+  ``image_fun`` (one division per row, as :func:`implicit_root`). The rule is linear in
+  the tangents, so JAX transposes it for reverse mode: ``grad``, ``jvp``, ``vmap`` and
+  higher orders all work. ``aux`` (float diagnostics) carries zero derivatives.
+  """
+
+  @jax.custom_jvp
+  def solve(*primals):
+    return solver_fun(*primals)
+
+  @solve.defjvp
+  def solve_jvp(primals, tangents):
+    root, image, aux = solve(*primals)
+    _, slope = jax.jvp(lambda r: optimality_fun(r, *primals), (root,), (jnp.ones_like(root),))
+    _, moved = jax.jvp(lambda *a: optimality_fun(root, *a), primals, tangents)
+    root_dot = -_safe_divide(moved, slope)
+    _, image_dot = jax.jvp(image_fun, (root, *primals), (root_dot, *tangents))
+    return (root, image, aux), (root_dot, image_dot, jax.tree.map(jnp.zeros_like, aux))
+
+  return solve(*args)

@@ -113,6 +113,17 @@ def pav_kernel_spec(regularizer):
   return float(kind[1]) if kind[0] == "pnorm" else str(kind[1])
 
 
+def native_kernel_spec(regularizer):
+  """What the native CPU kernel takes: ``("pnorm", a)`` with ``a = 1 / (p - 1)``, or
+  ``("link", name)`` for the built-in dense regularizers; ``ValueError`` otherwise."""
+  kind = getattr(regularizer, "pav_kind", None)
+  if kind is None or kind[0] not in ("pnorm", "link"):
+    raise ValueError(
+        f"solver='native' has kernels for the built-in regularizers only; got {regularizer!r}. "
+        "Use solver='threshold' (pure JAX), which accepts any regularizer.")
+  return ("pnorm", float(PNorm(kind[1]).exponent)) if kind[0] == "pnorm" else kind
+
+
 def pnorm_exponent(regularizer):
   """``a = 1 / (p - 1)`` for a p-norm regularizer (an int when it is one), else ``None``."""
   kind = getattr(regularizer, "pav_kind", None)

@@ -224,6 +224,8 @@ class CappedSimplex:
     _check_sortable(self.layout, solver_name)
     if solver_name == "pav":
       _regularizers.pav_kernel_spec(self.regularizer)
+    if solver_name == "native":
+      _regularizers.native_kernel_spec(self.regularizer)
     if solver_name == "dykstra" and _regularizers.pnorm_exponent(self.regularizer) != 1:
       raise ValueError(
           "solver='dykstra' supports the Euclidean regularizer only (p=2); got "

@@ -206,6 +206,9 @@ class Magnitude:
   # -- solver-specific pieces ------------------------------------------------------
   def supports(self, solver_name: str) -> None:
     _check_sortable(self.layout, solver_name)
+    if solver_name == "native":
+      raise ValueError("solver='native' solves the top-k mask only; use solver='threshold' "
+                       "(or 'auto') for the top-k in magnitude.")
     if solver_name == "dykstra" and self.p != 2.0:
       raise ValueError(f"solver='dykstra' supports p=2 only; got p={self.p}. "
                        "Use solver='pav' or 'threshold' for other p.")

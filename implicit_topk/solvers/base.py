@@ -231,6 +231,13 @@ class ThresholdRootSolver:
         jax.lax.stop_gradient(lam), *jax.lax.stop_gradient((x, k, l))))
     return OptStep(params=lam, state=RootState(iter_num=iter_num, residual=residual))
 
+  def solve_and_map(self, x, k, l) -> tuple[Any, RootState]:
+    """``(primal(lam, x, l), state)`` with ``lam, state = run(None, x, k, l)``: the
+    operator's output on rows already normalized, and the diagnostics. Solvers whose
+    kernels write the output themselves override it."""
+    step = self.run(None, x, k, l)
+    return self.primal(step.params, x, l), step.state
+
   def apply(self, x, k, l, init_params=None) -> Any:
     """The operator along the last axis: ``primal(run(...).params, x, l)``.
 

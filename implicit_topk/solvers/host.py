@@ -50,24 +50,5 @@ def call(host_fn: Callable, result_shape, *args):
       return host_fn(module, *(np.asarray(a) for a in numpy_args))
 
   results = jax.pure_callback(locked, result_shape, *args, vmap_method="broadcast_all")
-  return jax.tree.map(lambda out: _varying_like(out, args), results)
-
-
-def _varying_like(out, args):
-  """``out`` marked as varying over every ``shard_map`` axis its inputs vary over.
-
-  Inside ``shard_map`` (``check_vma=True``, the default) a callback's result is typed
-  as invariant; the derivative rules then compare it with the (varying) inputs, which
-  JAX refuses. The cast makes its type what it is: one value per shard.
-  """
-  varying = frozenset().union(*(_varying_axes(a) for a in args))
-  missing = tuple(sorted(varying - _varying_axes(out)))
-  return jax.lax.pcast(out, missing, to="varying") if missing else out
-
-
-def _varying_axes(value) -> frozenset:
-  """The ``shard_map`` axes ``value`` varies over (``.mat.varying`` in JAX >= 0.9,
-  ``.vma`` before); empty outside ``shard_map``."""
-  aval = jax.typeof(value)
-  mat = getattr(aval, "mat", None)
-  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+  from implicit_topk.kernels import ffi
+  return jax.tree.map(lambda out: ffi.varying_like(out, args), results)

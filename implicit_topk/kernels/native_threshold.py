@@ -1,0 +1,485 @@
+r"""The exact threshold of the soft top-k mask, one row at a time (numba, CPU).
+
+For a row :math:`x` (after the problem's ``normalize``), target :math:`k` and strength
+:math:`l`, the mask is :math:`y_i = \mathrm{mask}((x_i - \lambda) / l)` and
+:math:`\lambda` is the root of the nonincreasing
+
+.. math::
+
+    \phi(\lambda) = \sum_i \mathrm{mask}\big((x_i - \lambda) / l\big) - k
+
+(Sander et al. 2023, "Fast, differentiable and sparse top-k: a convex analysis
+perspective", ICML). No sort (``proofs/native_bracket.md``):
+
+* sparse regularizers (the p-norms, mask 0 below :math:`z = 0` and 1 above
+  :math:`z = 1`): with :math:`m = \lceil k \rceil` and :math:`j = \lfloor k\rfloor`
+  (over the finite entries, after the ``+inf`` entries took their ones),
+
+  .. math:: x_{(m)} - l \;\le\; \lambda \;\le\; x_{(j+1)},
+
+  so only the entries above :math:`x_{(m)} - l` can be nonzero at the root. One pass
+  selects the :math:`m + 1` largest (an insertion buffer for small :math:`m`, a
+  quickselect otherwise), a second gathers those candidates, and the safeguarded
+  Newton iteration runs on the candidates alone, which sit in L1. With integer
+  :math:`k` and :math:`x_{(k)} - l \ge x_{(k+1)}` the solution is the hard mask and
+  :math:`\lambda` is the middle of the flat root interval, as the other solvers
+  return it.
+* dense regularizers (entropy, sigmoid, Laplace): the same iteration over the whole
+  row, from the bracket :math:`[\min x - l\,\omega'(k/n), \max x - l\,\omega'(k/n)]`.
+
+The iteration is the one of the pure-JAX solver
+(:func:`implicit_topk.solvers.threshold.safeguarded_newton_step`), in float64 whatever
+the input dtype: the Newton or Schroeder step when it stays inside the bracket and at
+most halves the last step, else bisection; it stops at :math:`\phi = 0`, a step below
+4 ulps of :math:`\lambda` with :math:`|\phi|` at rounding level, or a collapsed
+bracket. Rows with NaN, with no finite threshold, or with ``k`` at 0 or at the count
+of entries are left to the caller (the problem's ``bracket`` answers them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import carray, cfunc, njit
+
+from implicit_topk.kernels import ffi
+
+# Regularizer kinds (``kind`` in the parameters): the mask of z = (x - lam) / l.
+PNORM, ENTROPY, SIGMOID, LAPLACE = 0, 1, 2, 3
+KINDS = {"pnorm": PNORM, "exp": ENTROPY, "sigmoid": SIGMOID, "laplace": LAPLACE}
+_SORT_LIMIT = 12  # up to this many gathered entries: insertion sort, else quickselect
+_MAXITER = 200
+_OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
+
+
+@njit(inline="always", **_OPTIONS)
+def _mask_terms(z, kind, a):
+  """(y, dy/dz, d2y/dz2) of the mask at z."""
+  if kind == PNORM:
+    if z <= 0.0:
+      return 0.0, 0.0, 0.0
+    if z >= 1.0:
+      return 1.0, 0.0, 0.0
+    if a == 1.0:
+      return z, 1.0, 0.0
+    if a == 3.0:
+      return z * z * z, 3.0 * z * z, 6.0 * z
+    y = math.pow(z, a)
+    return y, a * y / z, a * (a - 1.0) * y / (z * z)
+  if kind == ENTROPY:
+    if z >= 0.0:
+      return 1.0, 0.0, 0.0
+    y = math.exp(z)
+    return y, y, y
+  if kind == SIGMOID:
+    e = math.exp(-abs(z))
+    s = 1.0 / (1.0 + e)  # sigmoid(|z|)
+    y = s if z >= 0.0 else 1.0 - s
+    d = s * (1.0 - s)
+    return y, d, d * (1.0 - 2.0 * y)
+  # LAPLACE: the Laplace CDF
+  e = 0.5 * math.exp(-abs(z))
+  if z >= 0.0:
+    return 1.0 - e, e, -e
+  return e, e, e
+
+
+@njit(**_OPTIONS)
+def _omega_prime(t, kind, a):
+  """omega'(t) on (0, 1): the z at which the mask equals t."""
+  if kind == PNORM:
+    return math.pow(t, 1.0 / a)
+  if kind == ENTROPY:
+    return math.log(t)
+  if kind == SIGMOID:
+    return math.log(t) - math.log(1.0 - t)
+  if t < 0.5:
+    return math.log(2.0 * t)
+  return -math.log(2.0 * (1.0 - t))
+
+
+@njit(inline="always", **_OPTIONS)
+def _phi(values, count, lam, l, target, kind, a):
+  """(phi, phi', phi'') at lam over values[:count].
+
+  The p-norm loops are branch-free (the clipped z and an indicator of the fractional
+  entries), so that mixed rows of zeros, fractions and ones cost no mispredictions.
+  """
+  inv = 1.0 / l
+  total, slope, curve = -target, 0.0, 0.0
+  if kind == PNORM and a == 3.0:  # p = 4/3
+    for i in range(count):
+      z = min(max((values[i] - lam) * inv, 0.0), 1.0)
+      inside = 1.0 if z < 1.0 else 0.0
+      total += z * z * z
+      slope -= 3.0 * z * z * inside
+      curve += 6.0 * z * inside
+  elif kind == PNORM and a == 1.0:  # p = 2
+    for i in range(count):
+      z = (values[i] - lam) * inv
+      total += min(max(z, 0.0), 1.0)
+      slope -= 1.0 if (z > 0.0) & (z < 1.0) else 0.0
+  else:
+    for i in range(count):
+      y, dy, d2y = _mask_terms((values[i] - lam) * inv, kind, a)
+      total += y
+      slope -= dy
+      curve += d2y
+  return total, slope * inv, curve * inv * inv
+
+
+@njit(**_OPTIONS)
+def _midpoint(a, b):
+  if (a >= 0.0) == (b >= 0.0):
+    return a + 0.5 * (b - a)
+  return 0.5 * (a + b)
+
+
+@njit(**_OPTIONS)
+def _newton(values, count, target, l, kind, a, lo, hi, lam, tol):
+  """Safeguarded Newton/Schroeder on phi over values[:count] in [lo, hi] from lam.
+
+  ``tol`` is the relative step tolerance (4 ulps of the output dtype). Returns
+  (lam, passes)."""
+  prev_step = 2.0 * (hi - lo)
+  for it in range(_MAXITER):
+    phi, dphi, d2phi = _phi(values, count, lam, l, target, kind, a)
+    if phi == 0.0:
+      return lam, it + 1
+    if phi > 0.0:
+      lo = lam
+    else:
+      hi = lam
+    scale = abs(lam) + 1e-300
+    if dphi < 0.0:
+      step = phi / dphi
+      denominator = dphi * dphi - phi * d2phi
+      if denominator > 0.0:
+        schroeder = phi * dphi / denominator
+        if abs(schroeder) > abs(step):
+          step = schroeder
+      if abs(step) <= tol * scale and abs(phi) <= math.sqrt(tol) * (target + 1.0):
+        return lam - step, it + 1
+      candidate = lam - step
+      if (candidate > lo and candidate < hi and abs(step) > tol * scale
+          and abs(step) <= 0.5 * abs(prev_step)):
+        prev_step = step
+        lam = candidate
+        continue
+    if hi - lo <= tol * scale:
+      return lam, it + 1
+    middle = _midpoint(lo, hi)
+    prev_step = lam - middle
+    lam = middle
+  return lam, _MAXITER
+
+
+@njit(**_OPTIONS)
+def _select_descending(values, count, rank):
+  """Reorders values[:count] so that values[rank] is the (rank+1)-th largest, with
+  larger-or-equal entries before it and smaller-or-equal after (Hoare's quickselect
+  with a median-of-three pivot)."""
+  lo, hi = 0, count - 1
+  while hi > lo:
+    mid = lo + (hi - lo) // 2
+    a, b, c = values[lo], values[mid], values[hi]
+    pivot = max(min(a, b), min(max(a, b), c))
+    i, j = lo, hi
+    while i <= j:
+      while values[i] > pivot:
+        i += 1
+      while values[j] < pivot:
+        j -= 1
+      if i <= j:
+        values[i], values[j] = values[j], values[i]
+        i += 1
+        j -= 1
+    if rank <= j:
+      hi = j
+    elif rank >= i:
+      lo = i
+    else:
+      return
+
+
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _all_finite(row, n):
+  """Whether every entry of the row is finite (one vectorized pass)."""
+  non_finite = 0.0
+  for i in range(n):
+    non_finite += row[i] - row[i]  # NaN once an entry is +-inf or NaN
+  return non_finite == 0.0
+
+
+@njit(cache=True, error_model="numpy", fastmath=True)
+def _max_of_finite(row, n):
+  """The maximum of a row of finite entries (vectorized: no NaN to order)."""
+  top = row[0]
+  for i in range(1, n):
+    top = max(top, row[i])
+  return float(top)
+
+
+@njit(**_OPTIONS)
+def _gather_above(row, n, cut, out):
+  """Copies the entries of ``row`` above ``cut`` (and below +inf) into ``out``; returns
+  their count (branch-free)."""
+  count = 0
+  for i in range(n):
+    v = row[i]
+    out[count] = v
+    count += (v > cut) & (v < np.inf)
+  return count
+
+
+@njit(**_OPTIONS)
+def _sort_descending(values, count):
+  """Insertion sort of values[:count], largest first (count is small here)."""
+  for i in range(1, count):
+    v = values[i]
+    j = i
+    while j > 0 and values[j - 1] < v:
+      values[j] = values[j - 1]
+      j -= 1
+    values[j] = v
+
+
+@njit(**_OPTIONS)
+def _finite_counts(row, n):
+  """(#(+inf), #entries > -inf, any NaN, min and max of the finite entries) of a row."""
+  n_pos_inf, n_above, nan = 0, 0, False
+  x_min, x_max = np.inf, -np.inf
+  for i in range(n):
+    v = row[i]
+    if v == np.inf:
+      n_pos_inf += 1
+      n_above += 1
+    elif v > -np.inf:
+      n_above += 1
+      x_min = min(x_min, float(v))
+      x_max = max(x_max, float(v))
+    elif v != v:
+      nan = True
+  return n_pos_inf, n_above, nan, x_min, x_max
+
+
+@njit(**_OPTIONS)
+def _order_statistics(values, count, m, j):
+  """(x_(m), x_(j+1)) of values[:count] (1-based, largest first), j in {m - 1, m};
+  reorders values so that its m largest come first."""
+  if count <= _SORT_LIMIT:
+    _sort_descending(values, count)
+    return values[m - 1], values[j]
+  _select_descending(values, count, m - 1)
+  x_after = -np.inf
+  for i in range(m, count):
+    x_after = max(x_after, values[i])
+  return values[m - 1], values[m - 1] if j < m else x_after
+
+
+@njit(**_OPTIONS)
+def _sparse_row(row, n, k, l, a, tol, work, scratch, guess):
+  """The threshold of a p-norm row; see the module docstring. Returns (lam, passes).
+
+  The candidates: with ``t`` = the row maximum minus ``guess[0]`` (the previous row's
+  distance from its maximum to its threshold) and at least ``ceil(k) + 1`` entries
+  above ``t``, the ``ceil(k) + 1`` largest are above ``t`` and every entry above
+  ``x_(m) - l >= t - l`` is above ``t - l``: one branch-free pass gathers the entries
+  above ``t - l``. Otherwise (the first row, a guess too high, non-finite entries)
+  every finite entry is a candidate. Either way the bracket
+  ``[x_(m) - l, x_(j+1)]`` is taken from the candidates (selected on a copy) and
+  Newton runs on the candidates above ``x_(m) - l`` in row order, from the middle of
+  the bracket: the result does not depend on the guess, nor on the other rows.
+  """
+  finite = _all_finite(row, n)
+  top = _max_of_finite(row, n) if finite and n > 0 else np.nan
+  k_f, count = k, -1
+  if finite and guess[0] < np.inf and k > 0.0 and k < n - 1:
+    cut = top - guess[0]
+    low = cut - l
+    above = 0
+    count = 0
+    for i in range(n):  # branch-free gather of the entries above low
+      v = row[i]
+      work[count] = v
+      count += v > low
+      above += v > cut
+    if above < math.ceil(k) + 1:
+      count = -1
+  if count < 0:
+    n_pos_inf, n_above, nan, x_min, x_max = _finite_counts(row, n)
+    known, value = _known_row(n_pos_inf, n_above, nan, x_min, x_max, k, l, 0.0, 2.0 * l)
+    if known:
+      return value, 0
+    k_f = k - n_pos_inf
+    count = _gather_above(row, n, -np.inf, work)
+  m, j = int(math.ceil(k_f)), int(math.floor(k_f))
+  scratch[:count] = work[:count]
+  x_m, x_next = _order_statistics(scratch, count, m, j)
+  lo, hi = x_m - l, x_next
+  if j == m and lo >= hi:  # binary: the middle of the flat root interval
+    lam, passes = _midpoint(hi, lo), 0
+  else:
+    count = _count_above(work, count, lo)
+    lam, passes = _newton(work, count, k_f, l, PNORM, a, lo, hi, _midpoint(lo, hi), tol)
+  if finite and abs(lam) < np.inf:
+    guess[0] = max(top - lam, 0.0)
+  return lam, passes
+
+
+@njit(**_OPTIONS)
+def _count_above(values, count, cut):
+  """Moves the entries of values[:count] above ``cut`` to the front; returns how many."""
+  kept = 0
+  for i in range(count):
+    v = values[i]
+    values[kept] = v
+    kept += v > cut
+  return kept
+
+
+@njit(**_OPTIONS)
+def _known_row(n_pos_inf, n_above, nan, x_min, x_max, k, l, below_max, below_min):
+  """(known, lam) for the rows the problem's bracket answers without iterating: NaN
+  without a threshold (a NaN entry, more +inf entries than k, fewer entries above
+  -inf than k); every finite entry at 0 (``k`` = #(+inf)): ``max - below_max``; every
+  finite entry at 1 (``k`` = #entries above -inf): ``min - below_min``. ``max`` and
+  ``min`` are those of the finite entries (0 when there are none)."""
+  if nan or n_pos_inf > k or n_above < k:
+    return True, np.nan
+  any_finite = n_above > n_pos_inf
+  if k == n_pos_inf:
+    return True, (x_max if any_finite else 0.0) - below_max
+  if k == n_above:
+    return True, (x_min if any_finite else 0.0) - below_min
+  return False, 0.0
+
+
+@njit(**_OPTIONS)
+def _dense_row(row, n, k, l, kind, a, tol, work):
+  """The threshold of a row under a regularizer that never reaches 0 (entropy,
+  sigmoid, Laplace): Newton over every finite entry. Returns (lam, passes)."""
+  n_pos_inf, n_above, nan, x_min, x_max = _finite_counts(row, n)
+  known, value = _known_row(n_pos_inf, n_above, nan, x_min, x_max, k, l, -np.inf, np.inf)
+  if known:
+    return value, 0
+  count = _gather_above(row, n, -np.inf, work)
+  k_f = k - n_pos_inf
+  shift = l * _omega_prime(k_f / count, kind, a)
+  lo = x_min - (0.0 if kind == ENTROPY else shift)
+  hi = x_max - shift
+  return _newton(work, count, k_f, l, kind, a, lo, hi, _midpoint(lo, hi), tol)
+
+
+@njit(inline="always", **_OPTIONS)
+def _mask_value(v, lam, l, kind, a):
+  """The mask at entry v for threshold lam (the problem's ``primal``): +inf -> 1,
+  -inf -> 0, an infinite lam -> its limit, NaN propagates; saturated where the
+  distance v - lam is at least l z1 (or at most l z0)."""
+  if v != v or lam != lam:
+    return np.nan
+  if abs(v) == np.inf:
+    return 1.0 if v > 0 else 0.0
+  if abs(lam) == np.inf:
+    return 0.0 if lam > 0 else 1.0
+  d = v - lam
+  if kind == PNORM:
+    if d <= 0.0:
+      return 0.0
+    if d >= l:
+      return 1.0
+  elif kind == ENTROPY and d >= 0.0:
+    return 1.0
+  return _mask_terms(d / l, kind, a)[0]
+
+
+@njit(**_OPTIONS)
+def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual):
+  """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
+  the Newton passes into ``passes`` and ``|sum(y) - k|`` (of ``y`` as stored) into
+  ``residual``. Returns 0 (the status)."""
+  rows, n = x.shape
+  work = np.empty(max(n, 1), np.float64)
+  scratch = np.empty(max(n, 1), np.float64)
+  guess = np.full(1, np.inf)
+  tol = 4.0 * np.finfo(lam.dtype).eps
+  for b in range(rows):
+    row, lb, kb = x[b], float(l[b]), float(k[b])
+    if kind == PNORM:
+      value, it = _sparse_row(row, n, kb, lb, a, tol, work, scratch, guess)
+    else:
+      value, it = _dense_row(row, n, kb, lb, kind, a, tol, work)
+    total = 0.0
+    out = y[b]
+    for i in range(n):
+      out[i] = _mask_value(float(row[i]), value, lb, kind, a)
+      total += out[i]
+    lam[b] = value
+    passes[b] = it
+    residual[b] = abs(total - kb)
+  return 0
+
+
+# -- the FFI handlers: (x (..., n), k (...), l (...)) with attributes a (float64) and
+#    kind (int32) -> (y (..., n), lam (...), passes int32 (...), residual (...)), one
+#    float dtype. ----------------------------------------------------------------------
+_BAD_ARGUMENTS = ffi.message(
+    "implicit_topk capped_simplex kernel: expected x (..., n), k (...), l (...) of one "
+    "float dtype, scalar attributes a (float64) and kind (int32); results y (..., n), "
+    "lam (...), passes int32 (...), residual (...)")
+
+
+@njit(inline="always", **_OPTIONS)
+def _capped_simplex_call(frame, sample):
+  if ffi.handler_prologue(frame):
+    return ffi.null()
+  code = ffi.dtype_code(sample)
+  a_at, kind_at = ffi.scalar_attribute(frame, 97, ffi.FLOAT64), ffi.scalar_attribute(frame, 107, ffi.INT32)
+  if ffi.count(frame, False) != 3 or ffi.count(frame, True) != 4 or a_at == 0 or kind_at == 0:
+    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
+  xb, kb, lb = ffi.buffer(frame, False, 0), ffi.buffer(frame, False, 1), ffi.buffer(frame, False, 2)
+  yb, lamb, passb, resb = (ffi.buffer(frame, True, 0), ffi.buffer(frame, True, 1),
+                           ffi.buffer(frame, True, 2), ffi.buffer(frame, True, 3))
+  rank = ffi.buffer_rank(xb)
+  if rank < 1:
+    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
+  n = ffi.buffer_dim(xb, rank - 1)
+  rows = ffi.size(xb) // n if n > 0 else ffi.size(kb)
+  ok = (ffi.buffer_dtype(xb) == code and ffi.has(kb, code, rows) and ffi.has(lb, code, rows)
+        and ffi.has(yb, code, rows * n)
+        and ffi.has(lamb, code, rows) and ffi.has(passb, ffi.INT32, rows)
+        and ffi.has(resb, code, rows))
+  if not ok:
+    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
+  x = carray(ffi.typed_pointer(ffi.buffer_data(xb), sample), (rows, n))
+  k = carray(ffi.typed_pointer(ffi.buffer_data(kb), sample), (rows,))
+  l = carray(ffi.typed_pointer(ffi.buffer_data(lb), sample), (rows,))
+  kind = ffi.load32(kind_at)
+  a = carray(ffi.typed_pointer(a_at, np.float64(0)), (1,))[0]
+  y = carray(ffi.typed_pointer(ffi.buffer_data(yb), sample), (rows, n))
+  lam = carray(ffi.typed_pointer(ffi.buffer_data(lamb), sample), (rows,))
+  passes = carray(ffi.typed_pointer(ffi.buffer_data(passb), np.int32(0)), (rows,))
+  residual = carray(ffi.typed_pointer(ffi.buffer_data(resb), sample), (rows,))
+  if capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual) != 0:
+    return ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
+  return ffi.null()
+
+
+@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+def capped_simplex_f32(frame):
+  return _capped_simplex_call(frame, np.float32(0))
+
+
+@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+def capped_simplex_f64(frame):
+  return _capped_simplex_call(frame, np.float64(0))
+
+
+HANDLERS = {"capped_simplex": {np.dtype(np.float32): capped_simplex_f32,
+                               np.dtype(np.float64): capped_simplex_f64}}
+
+
+def attributes(kind: int, a: float) -> dict:
+  """The kernel's attributes: the regularizer ``kind`` and the p-norm exponent ``a``."""
+  return {"a": np.float64(a), "kind": np.int32(kind)}

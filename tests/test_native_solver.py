@@ -1,0 +1,311 @@
+"""The native CPU solver (a numba kernel called as an XLA FFI custom call).
+
+Values are checked against the independent references of ``tests/references.py``
+(exact rational breakpoints, then bisection; no code shared with the library), with the
+tolerance rule of ``tests/test_fuzz.py``; gradients against central differences in
+float64. The bridge's own behaviour (errors instead of crashes, export in a fresh
+process, vmap, batch sharding) is checked here too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+from jax.test_util import check_grads
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import implicit_topk as itk
+import references as R
+from implicit_topk import problems
+from implicit_topk.kernels import ffi
+from implicit_topk.solvers import native
+from test_fuzz import FAST, SLOW, U32, U64, assert_close, k_rows, log_uniform, mtol, unit_rows
+
+jax.config.update("jax_enable_x64", True)
+
+slow = pytest.mark.slow
+REGULARIZERS = ((None, 4.0 / 3.0), (None, 2.0), (None, 1.5), (None, 3.0), ("entropy", 2.0),
+                ("sigmoid", 2.0), ("laplace", 2.0))
+
+
+def native_mask(x, k, l, reg=None, p=4.0 / 3.0, **kw):
+  options = dict(regularizer=reg) if reg else dict(p=p)
+  return itk.soft_topk_mask(x, k, regularization_strength=l, solver="native", **options, **kw)
+
+
+def test_auto_picks_native_on_cpu_for_the_mask_only():
+  mask = problems.CappedSimplex(itk.PNorm(4.0 / 3.0))
+  assert itk.solvers.auto_solver_name(mask, backend="cpu") == "native"
+  assert itk.solvers.auto_solver_name(mask, backend="gpu") == "threshold"
+  assert itk.solvers.auto_solver_name(mask, backend="cpu", sharded=True) == "threshold"
+  assert itk.solvers.auto_solver_name(problems.Magnitude(2.0), backend="cpu") == "threshold"
+
+
+@pytest.mark.parametrize("reg,p", REGULARIZERS)
+@given(data=st.data())
+@FAST
+def test_matches_the_reference(reg, p, data):
+  n = data.draw(st.sampled_from((1, 2, 5, 8, 40)))
+  x = data.draw(unit_rows(n))
+  k = data.draw(k_rows(n))
+  l = data.draw(st.lists(log_uniform(-3, 1), min_size=3, max_size=3).map(np.array))
+  y = np.asarray(native_mask(x, k, l, reg, p))
+  assert_close(y, R.soft_topk_mask(x, k, l, p, reg), mtol(x, k, l, p, reg), f"native {reg} {p}")
+
+
+@slow
+@pytest.mark.parametrize("reg,p", REGULARIZERS)
+@given(data=st.data())
+@SLOW
+def test_matches_the_reference_sweep(reg, p, data):
+  n = data.draw(st.sampled_from((1, 3, 9, 17, 64, 300)))
+  x = data.draw(unit_rows(n, batch=4)) * data.draw(log_uniform(-6, 6))
+  k = data.draw(k_rows(n, batch=4))
+  l = data.draw(st.lists(log_uniform(-4, 3), min_size=4, max_size=4).map(np.array))
+  y = np.asarray(native_mask(x, k, l, reg, p))
+  assert_close(y, R.soft_topk_mask(x, k, l, p, reg), mtol(x, k, l, p, reg), f"native {reg} {p}")
+
+
+@pytest.mark.parametrize("n,k", [(256, 8), (1000, 10), (2000, 300), (5000, 2.5)])
+def test_long_rows_and_many_rows_take_the_same_path_as_the_reference(n, k):
+  # Many similar rows: each row's candidate cut comes from the previous row's threshold
+  # (a guess that is right, too low or too high), long rows select by quickselect.
+  rng = np.random.default_rng(n)
+  x = rng.normal(size=(6, n)) * np.array([[1.0], [1.0], [10.0], [0.01], [1.0], [3.0]])
+  x[4] = np.round(x[4], 1)  # many ties
+  l = np.array([0.5, 0.1, 0.1, 0.1, 0.05, 2.0])
+  y = np.asarray(native_mask(x, float(k), l))
+  assert_close(y, R.soft_topk_mask(x, k, l), mtol(x, k, l), "native long rows")
+
+
+@pytest.mark.parametrize("dtype,eps", [(jnp.float32, U32), (jnp.float16, None), (jnp.bfloat16, None)])
+def test_dtypes(dtype, eps):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(4, 9)).astype(np.float32)
+  k, l = np.array([1.0, 2.5, 4.0, 8.5]), 0.3
+  y = native_mask(jnp.asarray(x, dtype), k, l)
+  assert y.dtype == dtype
+  reference = R.soft_topk_mask(np.asarray(jnp.asarray(x, dtype), np.float64), k, l)
+  if eps is None:  # half precision: computed in float32, rounded once to the output
+    eps = float(jnp.finfo(dtype).eps)
+    np.testing.assert_allclose(np.asarray(y, np.float64), reference, atol=2 * eps)
+  else:
+    assert_close(np.asarray(y), reference, mtol(x.astype(np.float64), k, l, eps=eps), "float32")
+
+
+@pytest.mark.parametrize("reg", [None, "entropy", "sigmoid"])
+def test_non_finite_entries_follow_the_documented_rules(reg):
+  inf, nan = np.inf, np.nan
+  x = np.array([[inf, 1.0, 2.0, -inf], [inf, inf, 0.0, 1.0], [nan, 1.0, 2.0, 3.0],
+                [-inf, -inf, 1.0, 2.0], [inf, -inf, -inf, -inf], [1.0, 2.0, -inf, -inf]])
+  k = np.array([1.5, 1.0, 1.0, 2.0, 1.0, 2.0])
+  y = np.asarray(native_mask(x, k, 0.5, reg, 2.0))
+  expected = R.soft_topk_mask(x, k, 0.5, 2.0, reg)
+  assert_close(y, expected, mtol(x, k, 0.5, 2.0, reg), "non-finite")
+  assert np.all(np.isnan(y[1])) and np.all(np.isnan(y[2]))  # more +inf than k; a NaN entry
+  np.testing.assert_array_equal(y[3], [0.0, 0.0, 1.0, 1.0])  # k = #entries above -inf
+
+
+def test_k_at_zero_and_n_and_n_equal_one():
+  x = np.array([[0.3, -1.0, 2.0], [0.3, -1.0, 2.0], [5.0, 5.0, 5.0]])
+  k = np.array([0.0, 3.0, 1.5])
+  y = np.asarray(native_mask(x, k, 0.1))
+  np.testing.assert_array_equal(y[:2], [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+  assert_close(y, R.soft_topk_mask(x, k, 0.1), mtol(x, k, 0.1), "k = 0, n, ties")  # ties: k / n
+  for k in (1e-9, 0.37, 1.0 - 1e-9):
+    assert float(native_mask(np.array([1.7]), k, 0.2)[0]) == pytest.approx(k, rel=1e-12)
+
+
+def test_binary_rows_are_exactly_the_hard_mask_and_report_zero_passes():
+  x = np.array([[3.0, 1.0, 2.0, -1.0, 0.5]])
+  y, info = native_mask(x, 2.0, 0.1, return_info=True)
+  np.testing.assert_array_equal(np.asarray(y), [[1.0, 0.0, 1.0, 0.0, 0.0]])
+  assert float(info.residual[0]) == 0.0
+
+
+@pytest.mark.parametrize("reg,p", [(None, 4.0 / 3.0), (None, 2.0), ("entropy", 2.0), ("laplace", 2.0)])
+def test_gradients_match_central_differences(reg, p):
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(3, 6)))
+  k, l = jnp.array([1.5, 2.0, 3.3]), jnp.array([0.7, 1.1, 0.9])
+  f = lambda x, k, l: native_mask(x, k, l, reg, p)
+  check_grads(f, (x, k, l), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
+
+
+def test_jit_vmap_and_eager_agree():
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.normal(size=(5, 3, 11)))
+  eager = native_mask(x, 2.5, 0.3)
+  jitted = jax.jit(lambda z: native_mask(z, 2.5, 0.3))(x)
+  mapped = jax.vmap(lambda z: native_mask(z, 2.5, 0.3))(x)
+  looped = jnp.stack([native_mask(row, 2.5, 0.3) for row in x])
+  for value in (jitted, mapped):
+    np.testing.assert_array_equal(np.asarray(value), np.asarray(eager))
+  np.testing.assert_array_equal(np.asarray(looped), np.asarray(eager))
+  along = native_mask(jnp.moveaxis(x, -1, 1), 2.5, 0.3, axis=1)
+  np.testing.assert_array_equal(np.asarray(jnp.moveaxis(along, 1, -1)), np.asarray(eager))
+
+
+def test_per_row_k_and_strength_under_vmap_of_grad():
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=(4, 7)))
+  ks, ls = jnp.array([1.0, 2.5, 3.0, 6.5]), jnp.array([0.1, 1.0, 3.0, 0.5])
+  grad = lambda row, k, l: jax.grad(lambda z: native_mask(z, k, l)[0])(row)
+  mapped = jax.vmap(grad)(x, ks, ls)
+  for i in range(4):
+    np.testing.assert_allclose(mapped[i], grad(x[i], ks[i], ls[i]), rtol=0, atol=1e-15)
+
+
+def test_unsupported_problems_are_refused_by_name():
+  with pytest.raises(ValueError, match="solver='native'"):
+    itk.soft_topk_mag(jnp.ones(4), 2.0, solver="native")
+  with pytest.raises(ValueError, match="solver='native'"):
+    native.NativeSolver(regularizer=_UserRegularizer())
+  with pytest.raises(ValueError, match="solver='native'"):
+    native.NativeSolver().with_layout(problems.layout.Segments(2))
+
+
+class _UserRegularizer:
+  saturation = (0.0, 1.0)
+
+  def mask(self, z):
+    return jnp.clip(z, 0.0, 1.0)
+
+
+def test_the_bridge_checks_buffers_and_raises_instead_of_crashing():
+  x = jnp.ones((2, 3), jnp.float32)
+  attributes = native.kernel_attributes(itk.PNorm(2.0))
+  name = native._TARGET.format("float32")
+  good = (jax.ShapeDtypeStruct((2, 3), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.float32),
+          jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.float32))
+  k = l = jnp.ones(2, jnp.float32)
+  call = lambda results, *args, **attrs: jax.block_until_ready(
+      jax.ffi.ffi_call(name, results)(*args, **attrs))
+  assert len(call(good, x, k, l, **attributes)) == 4
+  expected = "capped_simplex kernel: expected"
+  with pytest.raises(Exception, match=expected):  # k of the wrong length
+    call(good, x, jnp.ones(3, jnp.float32), l, **attributes)
+  with pytest.raises(Exception, match=expected):  # a missing attribute
+    call(good, x, k, l, a=attributes["a"])
+  with pytest.raises(Exception, match=expected):  # an attribute of the wrong dtype
+    call(good, x, k, l, a=np.float32(3.0), kind=attributes["kind"])
+  with pytest.raises(Exception, match=expected):  # a missing result
+    call(good[:3], x, k, l, **attributes)
+  with pytest.raises(Exception, match=expected):  # float64 data to the float32 kernel
+    call(good, x.astype(jnp.float64), k, l, **attributes)
+
+
+def test_a_kernel_failure_surfaces_as_a_python_error():
+  # A handler that reports failure the way every kernel does (a nonzero status).
+  from numba import cfunc
+
+  @cfunc(ffi.HANDLER_SIGNATURE)
+  def failing(frame):
+    if ffi.handler_prologue(frame):
+      return ffi.null()
+    return ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
+
+  ffi.register("implicit_topk_test_failing", failing)
+  call = jax.ffi.ffi_call("implicit_topk_test_failing", jax.ShapeDtypeStruct((2,), jnp.float32))
+  with pytest.raises(Exception, match="native kernel failed"):
+    jax.block_until_ready(call(jnp.ones(2, jnp.float32)))
+
+
+def test_the_solver_refuses_unrolled_differentiation():
+  with pytest.raises(ValueError, match="diff='unrolled' needs an iterative solver"):
+    itk.soft_topk_mask(jnp.ones(3), 1.0, solver="native", diff="unrolled")
+
+
+_EXPORT = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp
+    from jax import export
+    import implicit_topk as itk
+    f = jax.jit(jax.grad(lambda x: jnp.sum(itk.soft_topk_mask(x, 2.5) * jnp.cos(x))))
+    x = jnp.linspace(-1.0, 2.0, 24).reshape(3, 8)
+    blob = export.export(f, disabled_checks=itk.export_safety_checks())(x).serialize()
+    open(sys.argv[1], "wb").write(blob)
+    open(sys.argv[1] + ".npy", "wb").write(bytes(memoryview(jax.device_get(f(x)))))
+""")
+_IMPORT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import jax, jax.numpy as jnp
+    from jax import export
+    import implicit_topk  # registers the kernels the exported function calls
+    exported = export.deserialize(bytearray(open(sys.argv[1], "rb").read()))
+    x = jnp.linspace(-1.0, 2.0, 24).reshape(3, 8)
+    expected = np.frombuffer(open(sys.argv[1] + ".npy", "rb").read(), np.float32).reshape(3, 8)
+    assert "implicit_topk_capped_simplex" in exported.mlir_module(), "not the native kernel"
+    np.testing.assert_array_equal(np.asarray(exported.call(x)), expected)
+    print("ok")
+""")
+
+
+def test_export_serialize_and_call_in_a_fresh_process(tmp_path):
+  path = str(tmp_path / "grad.jax")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+  for script in (_EXPORT, _IMPORT):
+    done = subprocess.run([sys.executable, "-c", script, path], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.strip() == "ok"
+
+
+_SHARDED = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import implicit_topk as itk
+    mesh = jax.make_mesh((4,), ("d",))
+    x = jax.random.normal(jax.random.PRNGKey(0), (8, 16))
+    f = jax.jit(jax.value_and_grad(lambda z: jnp.sum(itk.soft_topk_mask(z, 3.5) * jnp.sin(z))))
+    reference = f(x)
+    xs = jax.device_put(x, NamedSharding(mesh, P("d", None)))
+    hlo = f.lower(xs).compile().as_text()
+    assert "all-gather" not in hlo, "the batch-sharded input was gathered"
+    assert "implicit_topk_capped_simplex" in hlo
+    value, grad = f(xs)
+    assert grad.sharding.spec[0] == "d", grad.sharding
+    np.testing.assert_allclose(value, reference[0], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(grad), np.asarray(reference[1]))
+    g = jax.jit(jax.shard_map(lambda z: itk.soft_topk_mask(z, 3.5), mesh=mesh, in_specs=P("d"),
+                              out_specs=P("d")))
+    np.testing.assert_array_equal(np.asarray(g(xs)), np.asarray(itk.soft_topk_mask(x, 3.5)))
+    print("ok")
+""")
+
+
+def test_a_batch_sharded_input_stays_sharded():
+  done = subprocess.run([sys.executable, "-c", _SHARDED], capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.strip() == "ok"
+
+
+def test_a_reduced_axis_sharded_input_makes_auto_pick_threshold():
+  from implicit_topk import _apply
+  script = textwrap.dedent("""
+      import os
+      os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+      import jax
+      from jax.sharding import NamedSharding, PartitionSpec as P
+      from implicit_topk import _apply
+      mesh = jax.make_mesh((2,), ("d",))
+      x = jax.device_put(jax.numpy.ones((4, 8)), NamedSharding(mesh, P(None, "d")))
+      assert _apply.reduced_axis_is_sharded(x, -1)
+      assert not _apply.reduced_axis_is_sharded(x, 0)
+      print("ok")
+  """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+  assert not _apply.reduced_axis_is_sharded(np.ones((2, 3)), -1)
