@@ -78,13 +78,18 @@ def test_auto_takes_iterative_options_on_every_backend(kwargs, monkeypatch):
   np.testing.assert_allclose(float(jnp.sum(y)), 2.5, rtol=1e-5)
 
 
-def test_auto_is_the_pure_jax_solver_everywhere(monkeypatch):
+def test_auto_never_picks_the_host_callback(monkeypatch):
   # The default must export (jax.export) and run under shard_map: never the host PAV.
+  # On CPU the mask takes the native kernel (an XLA custom call, exportable); the
+  # magnitude problem, other backends and a split reduced axis take "threshold".
   for problem in (problems.CappedSimplex(itk.PNorm(2.0)), problems.CappedSimplex(itk.Entropy()),
                   problems.Magnitude(4.0 / 3.0)):
     for backend in ("cpu", "gpu", "tpu"):
       monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
-      assert solvers.resolve_solver_name("auto", problem, size=1 << 24) == "threshold"
+      expected = ("native" if backend == "cpu" and isinstance(problem, problems.CappedSimplex)
+                  else "threshold")
+      assert solvers.resolve_solver_name("auto", problem, size=1 << 24) == expected
+      assert solvers.resolve_solver_name("auto", problem, sharded=True) == "threshold"
 
 
 def test_auto_refuses_tol_on_every_backend():
