@@ -143,6 +143,7 @@ def _newton(values, count, target, l, kind, a, lo, hi, lam, tol):
   ``tol`` is the relative step tolerance (4 ulps of the output dtype). Returns
   (lam, passes)."""
   prev_step = 2.0 * (hi - lo)
+  phi_tol = math.sqrt(tol) * (target + 1.0)
   for it in range(_MAXITER):
     phi, dphi, d2phi = _phi(values, count, lam, l, target, kind, a)
     if phi == 0.0:
@@ -151,23 +152,25 @@ def _newton(values, count, target, l, kind, a, lo, hi, lam, tol):
       lo = lam
     else:
       hi = lam
-    scale = abs(lam) + 1e-300
+    scale = tol * (abs(lam) + 1e-300)
     if dphi < 0.0:
-      step = phi / dphi
-      denominator = dphi * dphi - phi * d2phi
-      if denominator > 0.0:
-        schroeder = phi * dphi / denominator
-        if abs(schroeder) > abs(step):
-          step = schroeder
-      if abs(step) <= tol * scale and abs(phi) <= math.sqrt(tol) * (target + 1.0):
+      # Schroeder's step phi phi' / (phi'^2 - phi phi'') is the longer one exactly
+      # when phi phi'' > 0 (and its denominator is positive): one division either way.
+      curve = phi * d2phi
+      denominator = dphi * dphi - curve
+      if curve > 0.0 and denominator > 0.0:
+        step = phi * dphi / denominator
+      else:
+        step = phi / dphi
+      if abs(step) <= scale and abs(phi) <= phi_tol:
         return lam - step, it + 1
       candidate = lam - step
-      if (candidate > lo and candidate < hi and abs(step) > tol * scale
+      if (candidate > lo and candidate < hi and abs(step) > scale
           and abs(step) <= 0.5 * abs(prev_step)):
         prev_step = step
         lam = candidate
         continue
-    if hi - lo <= tol * scale:
+    if hi - lo <= scale:
       return lam, it + 1
     middle = _midpoint(lo, hi)
     prev_step = lam - middle
@@ -395,6 +398,45 @@ def _mask_value(v, lam, l, kind, a):
 
 
 @njit(**_OPTIONS)
+def _write_mask(row, n, lam, l, kind, a, out):
+  """out[i] = the mask of row[i] at threshold lam; returns the sum of out as stored.
+
+  Finite rows and thresholds (nearly all) take a branch-free loop: the clipped
+  ``z = (x - lam) / l`` is exactly 0 or 1 where the distance ``x - lam`` is at most 0
+  or at least ``l`` (a correctly rounded division is monotone); other rows the
+  entry-by-entry rules of :func:`_mask_value`.
+  """
+  total = 0.0
+  if not (abs(lam) < np.inf and _all_finite(row, n)):
+    for i in range(n):
+      out[i] = _mask_value(float(row[i]), lam, l, kind, a)
+      total += out[i]
+    return total
+  if kind == PNORM and a == 3.0:
+    for i in range(n):
+      z = min(max((row[i] - lam) / l, 0.0), 1.0)
+      out[i] = z * z * z
+      total += out[i]
+  elif kind == PNORM and a == 1.0:
+    for i in range(n):
+      out[i] = min(max((row[i] - lam) / l, 0.0), 1.0)
+      total += out[i]
+  elif kind == PNORM:
+    for i in range(n):
+      out[i] = math.pow(min(max((row[i] - lam) / l, 0.0), 1.0), a)
+      total += out[i]
+  elif kind == ENTROPY:
+    for i in range(n):
+      out[i] = math.exp(min((row[i] - lam) / l, 0.0))
+      total += out[i]
+  else:
+    for i in range(n):
+      out[i] = _mask_terms((row[i] - lam) / l, kind, a)[0]
+      total += out[i]
+  return total
+
+
+@njit(**_OPTIONS)
 def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual):
   """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
   the Newton passes into ``passes`` and ``|sum(y) - k|`` (of ``y`` as stored) into
@@ -410,14 +452,9 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual):
       value, it = _sparse_row(row, n, kb, lb, a, tol, work, scratch, guess)
     else:
       value, it = _dense_row(row, n, kb, lb, kind, a, tol, work)
-    total = 0.0
-    out = y[b]
-    for i in range(n):
-      out[i] = _mask_value(float(row[i]), value, lb, kind, a)
-      total += out[i]
+    residual[b] = abs(_write_mask(row, n, value, lb, kind, a, y[b]) - kb)
     lam[b] = value
     passes[b] = it
-    residual[b] = abs(total - kb)
   return 0
 
 
