@@ -74,7 +74,6 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False):
   dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
   k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)
   l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), row_shape)
-  rows = solver.problem.normalize(rows, l_rows)
   y, state = solver.solve_and_map(rows, k_rows, l_rows)
   # A traced l is not checked: l <= 0, l >= max_strength (or NaN) gives NaN rows, never a
   # wrong mask.

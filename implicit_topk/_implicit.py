@@ -96,16 +96,17 @@ def implicit_root(
 
 
 def implicit_root_and_image(
-    solver_fun: Callable[..., tuple[jax.Array, Any, Any]],
+    solver_fun: Callable[..., tuple[jax.Array, Any, Any, Any]],
     optimality_fun: Callable[..., jax.Array],
     image_fun: Callable[..., Any],
     args: tuple,
-) -> tuple[jax.Array, Any, Any]:
-  r"""``solver_fun(*args) -> (root, image, aux)`` with implicit derivatives of both.
+) -> tuple[jax.Array, Any, Any, Any]:
+  r"""``solver_fun(*args) -> (root, image, aux, context)`` with implicit derivatives.
 
-  For a solver that computes the root :math:`\lambda(\theta)` of ``optimality_fun``
-  *and* its image ``image_fun(root, *args)`` (e.g. the top-k mask, written by the
-  same compiled kernel in the same pass): the implicit function theorem gives
+  For a solver that computes the root :math:`\lambda(\theta)` of
+  ``optimality_fun(root, context, *args)`` *and* its image
+  ``image_fun(root, context, *args)`` (e.g. the top-k mask, written by the same
+  compiled kernel in the same pass), the implicit function theorem gives
 
   .. math::
 
@@ -113,9 +114,11 @@ def implicit_root_and_image(
       \qquad \dot y = \partial_\lambda g\,\dot\lambda + \partial_\theta g\,\dot\theta,
 
   every Jacobian-vector product taken by ``jax.jvp`` of ``optimality_fun`` and
-  ``image_fun`` (one division per row, as :func:`implicit_root`). The rule is linear in
-  the tangents, so JAX transposes it for reverse mode: ``grad``, ``jvp``, ``vmap`` and
-  higher orders all work. ``aux`` (float diagnostics) carries zero derivatives.
+  ``image_fun`` (one division per row, as :func:`implicit_root`). ``context`` is what
+  the solver chose and the functions need but nothing differentiates (e.g. the origin
+  the root is measured from); it and ``aux`` (float diagnostics) carry zero
+  derivatives. The rule is linear in the tangents, so JAX transposes it for reverse
+  mode: ``grad``, ``jvp``, ``vmap`` and higher orders all work.
   """
 
   @jax.custom_jvp
@@ -124,11 +127,14 @@ def implicit_root_and_image(
 
   @solve.defjvp
   def solve_jvp(primals, tangents):
-    root, image, aux = solve(*primals)
-    _, slope = jax.jvp(lambda r: optimality_fun(r, *primals), (root,), (jnp.ones_like(root),))
-    _, moved = jax.jvp(lambda *a: optimality_fun(root, *a), primals, tangents)
+    root, image, aux, context = solve(*primals)
+    optimality = lambda r, *a: optimality_fun(r, context, *a)
+    _, slope = jax.jvp(lambda r: optimality(r, *primals), (root,), (jnp.ones_like(root),))
+    _, moved = jax.jvp(lambda *a: optimality(root, *a), primals, tangents)
     root_dot = -_safe_divide(moved, slope)
-    _, image_dot = jax.jvp(image_fun, (root, *primals), (root_dot, *tangents))
-    return (root, image, aux), (root_dot, image_dot, jax.tree.map(jnp.zeros_like, aux))
+    _, image_dot = jax.jvp(lambda r, *a: image_fun(r, context, *a), (root, *primals),
+                           (root_dot, *tangents))
+    zeros = jax.tree.map(jnp.zeros_like, (aux, context))
+    return (root, image, aux, context), (root_dot, image_dot, *zeros)
 
   return solve(*args)

@@ -184,12 +184,13 @@ def test_the_bridge_checks_buffers_and_raises_instead_of_crashing():
   x = jnp.ones((2, 3), jnp.float32)
   attributes = native.kernel_attributes(itk.PNorm(2.0))
   name = native._TARGET.format("float32")
-  good = (jax.ShapeDtypeStruct((2, 3), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.float32),
-          jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.float32))
+  row = jax.ShapeDtypeStruct((2,), jnp.float32)
+  good = (jax.ShapeDtypeStruct((2, 3), jnp.float32), row, jax.ShapeDtypeStruct((2,), jnp.int32),
+          row, row)
   k = l = jnp.ones(2, jnp.float32)
   call = lambda results, *args, **attrs: jax.block_until_ready(
       jax.ffi.ffi_call(name, results)(*args, **attrs))
-  assert len(call(good, x, k, l, **attributes)) == 4
+  assert len(call(good, x, k, l, **attributes)) == 5
   expected = "capped_simplex kernel: expected"
   with pytest.raises(Exception, match=expected):  # k of the wrong length
     call(good, x, jnp.ones(3, jnp.float32), l, **attributes)
@@ -198,7 +199,7 @@ def test_the_bridge_checks_buffers_and_raises_instead_of_crashing():
   with pytest.raises(Exception, match=expected):  # an attribute of the wrong dtype
     call(good, x, k, l, a=np.float32(3.0), kind=attributes["kind"])
   with pytest.raises(Exception, match=expected):  # a missing result
-    call(good[:3], x, k, l, **attributes)
+    call(good[:4], x, k, l, **attributes)
   with pytest.raises(Exception, match=expected):  # float64 data to the float32 kernel
     call(good, x.astype(jnp.float64), k, l, **attributes)
 
@@ -309,3 +310,22 @@ def test_a_reduced_axis_sharded_input_makes_auto_pick_threshold():
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
   assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
   assert not _apply.reduced_axis_is_sharded(np.ones((2, 3)), -1)
+
+
+@pytest.mark.parametrize("offset", [1e6, -3e20, 1e300])
+def test_rows_far_from_zero_are_solved_relative_to_their_maximum(offset):
+  # The kernel measures such rows from their largest entry, as normalize does for the
+  # other solvers: the mask and its derivatives keep every digit of x - lam.
+  rng = np.random.default_rng(4)
+  d = rng.normal(size=(3, 7))
+  x = offset + d * abs(offset) * 1e-12 if offset < 1e100 else offset + d * 1e290
+  l = np.abs(x[:, :1]).ravel() * 1e-12 if offset < 1e100 else np.full(3, 1e290)
+  k = np.array([1.5, 2.0, 3.25])
+  y = np.asarray(native_mask(x, k, l))
+  assert_close(y, R.soft_topk_mask(x, k, l), mtol(x, k, l), f"offset {offset}")
+  if offset < 1e100:  # the derivative w.r.t. x is that of the centered row
+    w = np.cos(np.arange(7.0))
+    grad = lambda z: jax.grad(lambda z: jnp.sum(native_mask(z, k, l) * w))(z)
+    centered = grad(jnp.asarray(x - x.max(axis=1, keepdims=True)))
+    np.testing.assert_allclose(np.asarray(grad(jnp.asarray(x))), np.asarray(centered),
+                               rtol=1e-6, atol=1e-6 * float(np.max(np.abs(centered))))

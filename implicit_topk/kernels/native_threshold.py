@@ -50,6 +50,7 @@ PNORM, ENTROPY, SIGMOID, LAPLACE = 0, 1, 2, 3
 KINDS = {"pnorm": PNORM, "exp": ENTROPY, "sigmoid": SIGMOID, "laplace": LAPLACE}
 _SORT_LIMIT = 12  # up to this many gathered entries: insertion sort, else quickselect
 _MAXITER = 200
+_LOWEST = -np.finfo(np.float64).max
 _OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
 
 
@@ -225,12 +226,14 @@ def _max_of_finite(row, n):
 
 
 @njit(**_OPTIONS)
-def _gather_above(row, n, cut, out):
-  """Copies the entries of ``row`` above ``cut`` (and below +inf) into ``out``; returns
-  their count (branch-free)."""
+def _gather_above(row, n, cut, origin, out):
+  """Copies the entries ``v - origin`` of ``row`` that lie above ``cut`` (and below
+  +inf) into ``out`` (branch-free); returns their count. A finite difference beyond
+  the float range is clamped to the most negative float, as the problems'
+  ``normalize`` does."""
   count = 0
   for i in range(n):
-    v = row[i]
+    v = max(row[i] - origin, _LOWEST)
     out[count] = v
     count += (v > cut) & (v < np.inf)
   return count
@@ -249,8 +252,9 @@ def _sort_descending(values, count):
 
 
 @njit(**_OPTIONS)
-def _finite_counts(row, n):
-  """(#(+inf), #entries > -inf, any NaN, min and max of the finite entries) of a row."""
+def _finite_counts(row, n, origin):
+  """(#(+inf), #entries > -inf, any NaN, min and max of the finite entries minus
+  ``origin``) of a row."""
   n_pos_inf, n_above, nan = 0, 0, False
   x_min, x_max = np.inf, -np.inf
   for i in range(n):
@@ -260,8 +264,8 @@ def _finite_counts(row, n):
       n_above += 1
     elif v > -np.inf:
       n_above += 1
-      x_min = min(x_min, float(v))
-      x_max = max(x_max, float(v))
+      x_min = min(x_min, max(v - origin, _LOWEST))
+      x_max = max(x_max, v - origin)
     elif v != v:
       nan = True
   return n_pos_inf, n_above, nan, x_min, x_max
@@ -282,8 +286,9 @@ def _order_statistics(values, count, m, j):
 
 
 @njit(**_OPTIONS)
-def _sparse_row(row, n, k, l, a, tol, work, scratch, guess):
-  """The threshold of a p-norm row; see the module docstring. Returns (lam, passes).
+def _sparse_row(row, n, k, l, a, tol, origin, work, scratch, guess):
+  """The threshold of a p-norm row, relative to ``origin``; see the module docstring.
+  Returns (lam, passes).
 
   The candidates: with ``t`` = the row maximum minus ``guess[0]`` (the previous row's
   distance from its maximum to its threshold) and at least ``ceil(k) + 1`` entries
@@ -296,7 +301,7 @@ def _sparse_row(row, n, k, l, a, tol, work, scratch, guess):
   the bracket: the result does not depend on the guess, nor on the other rows.
   """
   finite = _all_finite(row, n)
-  top = _max_of_finite(row, n) if finite and n > 0 else np.nan
+  top = _max_of_finite(row, n) - origin if finite and n > 0 else np.nan
   k_f, count = k, -1
   if finite and guess[0] < np.inf and k > 0.0 and k < n - 1:
     cut = top - guess[0]
@@ -304,19 +309,19 @@ def _sparse_row(row, n, k, l, a, tol, work, scratch, guess):
     above = 0
     count = 0
     for i in range(n):  # branch-free gather of the entries above low
-      v = row[i]
+      v = max(row[i] - origin, _LOWEST)
       work[count] = v
       count += v > low
       above += v > cut
     if above < math.ceil(k) + 1:
       count = -1
   if count < 0:
-    n_pos_inf, n_above, nan, x_min, x_max = _finite_counts(row, n)
+    n_pos_inf, n_above, nan, x_min, x_max = _finite_counts(row, n, origin)
     known, value = _known_row(n_pos_inf, n_above, nan, x_min, x_max, k, l, 0.0, 2.0 * l)
     if known:
       return value, 0
     k_f = k - n_pos_inf
-    count = _gather_above(row, n, -np.inf, work)
+    count = _gather_above(row, n, -np.inf, origin, work)
   m, j = int(math.ceil(k_f)), int(math.floor(k_f))
   scratch[:count] = work[:count]
   x_m, x_next = _order_statistics(scratch, count, m, j)
@@ -360,14 +365,15 @@ def _known_row(n_pos_inf, n_above, nan, x_min, x_max, k, l, below_max, below_min
 
 
 @njit(**_OPTIONS)
-def _dense_row(row, n, k, l, kind, a, tol, work):
-  """The threshold of a row under a regularizer that never reaches 0 (entropy,
-  sigmoid, Laplace): Newton over every finite entry. Returns (lam, passes)."""
-  n_pos_inf, n_above, nan, x_min, x_max = _finite_counts(row, n)
+def _dense_row(row, n, k, l, kind, a, tol, origin, work):
+  """The threshold, relative to ``origin``, of a row under a regularizer that never
+  reaches 0 (entropy, sigmoid, Laplace): Newton over every finite entry. Returns
+  (lam, passes)."""
+  n_pos_inf, n_above, nan, x_min, x_max = _finite_counts(row, n, origin)
   known, value = _known_row(n_pos_inf, n_above, nan, x_min, x_max, k, l, -np.inf, np.inf)
   if known:
     return value, 0
-  count = _gather_above(row, n, -np.inf, work)
+  count = _gather_above(row, n, -np.inf, origin, work)
   k_f = k - n_pos_inf
   shift = l * _omega_prime(k_f / count, kind, a)
   lo = x_min - (0.0 if kind == ENTROPY else shift)
@@ -398,8 +404,9 @@ def _mask_value(v, lam, l, kind, a):
 
 
 @njit(**_OPTIONS)
-def _write_mask(row, n, lam, l, kind, a, out):
-  """out[i] = the mask of row[i] at threshold lam; returns the sum of out as stored.
+def _write_mask(row, n, lam, l, kind, a, origin, out):
+  """out[i] = the mask of row[i] - origin at threshold lam; returns the sum of out as
+  stored.
 
   Finite rows and thresholds (nearly all) take a branch-free loop: the clipped
   ``z = (x - lam) / l`` is exactly 0 or 1 where the distance ``x - lam`` is at most 0
@@ -409,62 +416,73 @@ def _write_mask(row, n, lam, l, kind, a, out):
   total = 0.0
   if not (abs(lam) < np.inf and _all_finite(row, n)):
     for i in range(n):
-      out[i] = _mask_value(float(row[i]), lam, l, kind, a)
+      v = max(row[i] - origin, _LOWEST) if abs(row[i]) < np.inf else row[i]
+      out[i] = _mask_value(v, lam, l, kind, a)
       total += out[i]
     return total
   if kind == PNORM and a == 3.0:
     for i in range(n):
-      z = min(max((row[i] - lam) / l, 0.0), 1.0)
+      z = min(max((max(row[i] - origin, _LOWEST) - lam) / l, 0.0), 1.0)
       out[i] = z * z * z
       total += out[i]
   elif kind == PNORM and a == 1.0:
     for i in range(n):
-      out[i] = min(max((row[i] - lam) / l, 0.0), 1.0)
+      out[i] = min(max((max(row[i] - origin, _LOWEST) - lam) / l, 0.0), 1.0)
       total += out[i]
   elif kind == PNORM:
     for i in range(n):
-      out[i] = math.pow(min(max((row[i] - lam) / l, 0.0), 1.0), a)
+      out[i] = math.pow(min(max((max(row[i] - origin, _LOWEST) - lam) / l, 0.0), 1.0), a)
       total += out[i]
   elif kind == ENTROPY:
     for i in range(n):
-      out[i] = math.exp(min((row[i] - lam) / l, 0.0))
+      out[i] = math.exp(min((max(row[i] - origin, _LOWEST) - lam) / l, 0.0))
       total += out[i]
   else:
     for i in range(n):
-      out[i] = _mask_terms((row[i] - lam) / l, kind, a)[0]
+      out[i] = _mask_terms((max(row[i] - origin, _LOWEST) - lam) / l, kind, a)[0]
       total += out[i]
   return total
 
 
 @njit(**_OPTIONS)
-def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual):
+def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
-  the Newton passes into ``passes`` and ``|sum(y) - k|`` (of ``y`` as stored) into
-  ``residual``. Returns 0 (the status)."""
+  the Newton passes into ``passes``, ``|sum(y) - k|`` (of ``y`` as stored) into
+  ``residual`` and the origin of ``lam`` into ``shift`` (the row's largest finite
+  entry where it is far from 0 relative to ``l``, else 0: ``lam + shift`` is the
+  threshold of the row as given). Returns 0 (the status)."""
   rows, n = x.shape
   work = np.empty(max(n, 1), np.float64)
   scratch = np.empty(max(n, 1), np.float64)
   guess = np.full(1, np.inf)
   tol = 4.0 * np.finfo(lam.dtype).eps
+  root_eps = math.sqrt(np.finfo(lam.dtype).eps)
   for b in range(rows):
     row, lb, kb = x[b], float(l[b]), float(k[b])
+    top = _max_of_finite(row, n) if n > 0 and _all_finite(row, n) else _finite_counts(row, n, 0.0)[4]
+    # As the problems' normalize: rows far from 0 relative to l are solved relative to
+    # their largest finite entry (shift invariance), so that x - lam keeps its digits.
+    far = abs(top) < np.inf and abs(top) * root_eps > lb
+    origin = top if far else 0.0
     if kind == PNORM:
-      value, it = _sparse_row(row, n, kb, lb, a, tol, work, scratch, guess)
+      value, it = _sparse_row(row, n, kb, lb, a, tol, origin, work, scratch, guess)
     else:
-      value, it = _dense_row(row, n, kb, lb, kind, a, tol, work)
-    residual[b] = abs(_write_mask(row, n, value, lb, kind, a, y[b]) - kb)
+      value, it = _dense_row(row, n, kb, lb, kind, a, tol, origin, work)
+    residual[b] = abs(_write_mask(row, n, value, lb, kind, a, origin, y[b]) - kb)
     lam[b] = value
     passes[b] = it
+    shift[b] = origin
   return 0
 
 
 # -- the FFI handlers: (x (..., n), k (...), l (...)) with attributes a (float64) and
-#    kind (int32) -> (y (..., n), lam (...), passes int32 (...), residual (...)), one
+#    kind (int32) -> (y (..., n), lam (...), passes int32 (...), residual (...),
+#    shift (...)), one
 #    float dtype. ----------------------------------------------------------------------
 _BAD_ARGUMENTS = ffi.message(
     "implicit_topk capped_simplex kernel: expected x (..., n), k (...), l (...) of one "
     "float dtype, scalar attributes a (float64) and kind (int32); results y (..., n), "
-    "lam (...), passes int32 (...), residual (...)")
+    "lam (...), passes int32 (...), residual (...), shift (...)")
 
 
 @njit(inline="always", **_OPTIONS)
@@ -473,11 +491,12 @@ def _capped_simplex_call(frame, sample):
     return ffi.null()
   code = ffi.dtype_code(sample)
   a_at, kind_at = ffi.scalar_attribute(frame, 97, ffi.FLOAT64), ffi.scalar_attribute(frame, 107, ffi.INT32)
-  if ffi.count(frame, False) != 3 or ffi.count(frame, True) != 4 or a_at == 0 or kind_at == 0:
+  if ffi.count(frame, False) != 3 or ffi.count(frame, True) != 5 or a_at == 0 or kind_at == 0:
     return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
   xb, kb, lb = ffi.buffer(frame, False, 0), ffi.buffer(frame, False, 1), ffi.buffer(frame, False, 2)
-  yb, lamb, passb, resb = (ffi.buffer(frame, True, 0), ffi.buffer(frame, True, 1),
-                           ffi.buffer(frame, True, 2), ffi.buffer(frame, True, 3))
+  yb, lamb, passb, resb, shiftb = (ffi.buffer(frame, True, 0), ffi.buffer(frame, True, 1),
+                                   ffi.buffer(frame, True, 2), ffi.buffer(frame, True, 3),
+                                   ffi.buffer(frame, True, 4))
   rank = ffi.buffer_rank(xb)
   if rank < 1:
     return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
@@ -486,7 +505,7 @@ def _capped_simplex_call(frame, sample):
   ok = (ffi.buffer_dtype(xb) == code and ffi.has(kb, code, rows) and ffi.has(lb, code, rows)
         and ffi.has(yb, code, rows * n)
         and ffi.has(lamb, code, rows) and ffi.has(passb, ffi.INT32, rows)
-        and ffi.has(resb, code, rows))
+        and ffi.has(resb, code, rows) and ffi.has(shiftb, code, rows))
   if not ok:
     return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
   x = carray(ffi.typed_pointer(ffi.buffer_data(xb), sample), (rows, n))
@@ -498,7 +517,8 @@ def _capped_simplex_call(frame, sample):
   lam = carray(ffi.typed_pointer(ffi.buffer_data(lamb), sample), (rows,))
   passes = carray(ffi.typed_pointer(ffi.buffer_data(passb), np.int32(0)), (rows,))
   residual = carray(ffi.typed_pointer(ffi.buffer_data(resb), sample), (rows,))
-  if capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual) != 0:
+  shift = carray(ffi.typed_pointer(ffi.buffer_data(shiftb), sample), (rows,))
+  if capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift) != 0:
     return ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
   return ffi.null()
 

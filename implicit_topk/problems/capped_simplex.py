@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from implicit_topk import regularizers as _regularizers
+from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
 from implicit_topk.problems.base import Bracket, finite_moments, midpoint, upper_quantile_of_normal
 
@@ -84,10 +85,16 @@ class CappedSimplex:
     dtype = L.dtype(x)
     top = L.max(L.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x))
     far = jnp.abs(top) * np.sqrt(np.finfo(dtype).eps) > l
-    top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top) & far, top, 0))
-    lowest = jnp.finfo(dtype).min
+    return self.shift(x, jax.lax.stop_gradient(jnp.where(jnp.isfinite(top) & far, top, 0)))
+
+  def shift(self, x, origin):
+    """``x`` minus the per-row ``origin``: finite entries stay finite (a difference
+    beyond the float range is clamped to the most negative finite value); +-inf and
+    NaN stay as they are."""
+    L = self.layout
+    lowest = jnp.finfo(L.dtype(x)).min
     return L.map(lambda v, t: jnp.where(jnp.isfinite(v), jnp.maximum(v - t, lowest), v),
-                 x, L.expand(top, x))
+                 x, L.expand(origin, x))
 
   def _mask_entries(self, x, lam, l):
     limit = jnp.isinf(x) | jnp.isinf(lam)
@@ -231,15 +238,10 @@ class CappedSimplex:
           "solver='dykstra' supports the Euclidean regularizer only (p=2); got "
           f"{self.regularizer!r}. Use solver='pav' or 'threshold' for other p.")
 
-  def host_threshold(self, kernels, x, k, l):
-    """Exact thresholds by the numba PAV kernel (NumPy in, NumPy out)."""
-    spec = _regularizers.pav_kernel_spec(self.regularizer)
-    batch_shape, n = x.shape[:-1], x.shape[-1]
-    k = np.broadcast_to(np.asarray(k, np.float64), batch_shape).reshape(-1)
-    l = np.broadcast_to(np.asarray(l, np.float64), batch_shape).reshape(-1)
-    lam = kernels.capped_simplex_threshold(
-        x.reshape(-1, n), np.ascontiguousarray(k), np.ascontiguousarray(l), spec)
-    return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
+  def pav_threshold(self, x, k, l):
+    """Exact thresholds by the PAV kernel (an XLA custom call; rows of the last axis)."""
+    from implicit_topk.kernels import pav_ffi
+    return pav_ffi.capped_simplex_threshold(x, k, l, _regularizers.pav_kernel_spec(self.regularizer))
 
   def dykstra_threshold(self, x, k, l, *, tol, maxiter, unrolled):
     r"""``p = 2`` by Dykstra's algorithm on the isotonic dual (``proofs/isotonic_dual.md``).
@@ -250,17 +252,16 @@ class CappedSimplex:
     which is exactly :math:`\|y - y^\star\|_1` (every :math:`y_i(\lambda) - y^\star_i`
     has one sign; ``proofs/dykstra_stopping.md``).
     """
-    from implicit_topk.solvers import dykstra
     x_finite = _finite_surrogate(x, l)
     s = -jnp.sort(-x_finite, axis=-1)
     n = x.shape[-1]
     u = s / l[..., None] - jnp.clip(k[..., None] - jnp.arange(n, dtype=x.dtype), 0, 1)
     if unrolled:
-      v = dykstra.isotonic_dykstra_unrolled(u, num_sweeps=maxiter)
+      v = _dykstra.isotonic_dykstra_unrolled(u, num_sweeps=maxiter)
       sweeps = jnp.full(x.shape[:-1], maxiter, jnp.int32)
     else:
       residual = lambda v: jnp.abs(self.optimality(_threshold_from_dual(v, k, l), x_finite, k, l))
-      result = dykstra.isotonic_dykstra(u, tol=tol, max_iter=maxiter, residual_fun=residual)
+      result = _dykstra.isotonic_dykstra(u, tol=tol, max_iter=maxiter, residual_fun=residual)
       v, sweeps = result.v, result.iter_num
     bracket = self.bracket(x, k, l)
     return jnp.where(bracket.known, bracket.value, _threshold_from_dual(v, k, l)), sweeps

@@ -232,9 +232,11 @@ class ThresholdRootSolver:
     return OptStep(params=lam, state=RootState(iter_num=iter_num, residual=residual))
 
   def solve_and_map(self, x, k, l) -> tuple[Any, RootState]:
-    """``(primal(lam, x, l), state)`` with ``lam, state = run(None, x, k, l)``: the
-    operator's output on rows already normalized, and the diagnostics. Solvers whose
-    kernels write the output themselves override it."""
+    """The operator's output and the diagnostics: ``primal(lam, x', l)`` with
+    ``lam, state = run(None, x', k, l)`` on the normalized rows
+    ``x' = problem.normalize(x, l)`` (``k`` and ``l`` with the row shape). Solvers
+    whose kernels normalize and write the output themselves override it."""
+    x = self.problem.normalize(x, l)
     step = self.run(None, x, k, l)
     return self.primal(step.params, x, l), step.state
 

@@ -43,8 +43,9 @@ def register_targets() -> None:
 
 
 def capped_simplex_kernel(x, k, l, attributes):
-  """The kernel on ``x`` of shape ``(..., n)``: ``(mask, lam, passes, residual)``;
-  ``k`` and ``l`` broadcast to ``x.shape[:-1]``."""
+  """The kernel on ``x`` of shape ``(..., n)``: ``(mask, lam, passes, residual, shift)``
+  (``lam + shift`` is the threshold of ``x``); ``k`` and ``l`` broadcast to
+  ``x.shape[:-1]``."""
   from implicit_topk.kernels import ffi
   register_targets()
   rows, dtype = x.shape[:-1], x.dtype
@@ -52,7 +53,7 @@ def capped_simplex_kernel(x, k, l, attributes):
   return ffi.call(
       _TARGET.format(np.dtype(dtype).name),
       (jax.ShapeDtypeStruct(x.shape, dtype), row_values, jax.ShapeDtypeStruct(rows, jnp.int32),
-       row_values),
+       row_values, row_values),
       x, jnp.broadcast_to(k, rows).astype(dtype), jnp.broadcast_to(l, rows).astype(dtype),
       **attributes)
 
@@ -99,26 +100,29 @@ class NativeSolver(ThresholdRootSolver):
   def _solve(self, init, x, k, l):
     del init  # a direct method
     self._check_dtype(x)
-    _, lam, passes, _ = capped_simplex_kernel(
+    _, lam, passes, _, shift = capped_simplex_kernel(
         x, k, l, kernel_attributes(self.problem.regularizer))
-    return lam, passes
+    return lam + shift, passes
 
   def solve_and_map(self, x, k, l):
-    """The mask and the thresholds from one kernel call; derivatives by the implicit
-    function theorem (:func:`implicit_topk._implicit.implicit_root_and_image`)."""
+    """The mask and the thresholds from one kernel call, which also normalizes the rows
+    (as ``problem.normalize``: it returns the origin it measured them from);
+    derivatives by the implicit function theorem
+    (:func:`implicit_topk._implicit.implicit_root_and_image`)."""
     if not self.implicit_diff:
       return super().solve_and_map(x, k, l)  # run() refuses it with a clear error
     self._check_dtype(x)
     x, k, l = self._per_row(x, k, l)
     attributes = kernel_attributes(self.problem.regularizer)
+    problem = self.problem
 
     def solve(x_, k_, l_):
-      y, lam, passes, residual = capped_simplex_kernel(x_, k_, l_, attributes)
-      return lam, y, (passes.astype(x.dtype), residual)
+      y, lam, passes, residual, shift = capped_simplex_kernel(x_, k_, l_, attributes)
+      return lam, y, (passes.astype(x.dtype), residual), shift
 
-    lam, y, (passes, residual) = _implicit.implicit_root_and_image(
-        solve, self.problem.optimality, lambda lam_, x_, k_, l_: self.problem.primal(lam_, x_, l_),
-        (x, k, l))
+    _, y, (passes, residual), _ = _implicit.implicit_root_and_image(
+        solve, lambda lam, shift, x_, k_, l_: problem.optimality(lam, problem.shift(x_, shift), k_, l_),
+        lambda lam, shift, x_, k_, l_: problem.primal(lam, problem.shift(x_, shift), l_), (x, k, l))
     state = RootState(iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32),
                       residual=jax.lax.stop_gradient(residual))
     return y, state
