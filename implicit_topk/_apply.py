@@ -45,6 +45,15 @@ def input_size(x: Any) -> int:
   return int(np.size(x))
 
 
+def row_length(x: Any, axis: int) -> int | None:
+  """The length of ``axis`` of ``x`` (an array, tracer or nested list), or None."""
+  shape = np.shape(x)
+  try:
+    return int(shape[axis])
+  except (IndexError, TypeError):
+    return None
+
+
 def reduced_axis_is_sharded(x: Any, axis: int) -> bool:
   """Whether ``axis`` of ``x`` is split over devices, as far as can be seen here: a
   concrete array with a ``NamedSharding`` along it, or a traced value whose type

@@ -174,7 +174,8 @@ def soft_topk_mag(
   l = _deprecation.strength(regularization_strength, l, "soft_topk_mag")
   solver_obj = solvers.make_solver(
       solver, problems.Magnitude(p), implicit_diff_backend=implicit_diff_backend, diff=diff,
-      tol=tol, maxiter=maxiter, size=_apply.input_size(x))
+      tol=tol, maxiter=maxiter, size=_apply.input_size(x), row_length=_apply.row_length(x, axis),
+      sharded=axis_name is not None or _apply.reduced_axis_is_sharded(x, axis))
   return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info,
                                    where=where, axis_name=axis_name)
 

@@ -165,7 +165,7 @@ def soft_topk_mask(
   problem = problems.CappedSimplex(regularizers.resolve(regularizer, p))
   solver_obj = solvers.make_solver(
       solver, problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
-      tol=tol, maxiter=maxiter, size=_apply.input_size(x),
+      tol=tol, maxiter=maxiter, size=_apply.input_size(x), row_length=_apply.row_length(x, axis),
       sharded=axis_name is not None or _apply.reduced_axis_is_sharded(x, axis))
   return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info,
                                    where=where, axis_name=axis_name)

@@ -41,12 +41,18 @@ def native_mask(x, k, l, reg=None, p=4.0 / 3.0, **kw):
   return itk.soft_topk_mask(x, k, regularization_strength=l, solver="native", **options, **kw)
 
 
-def test_auto_picks_native_on_cpu_for_the_mask_only():
+def test_auto_picks_native_on_cpu_and_pallas_on_gpu_where_they_apply():
+  auto = itk.solvers.auto_solver_name
   mask = problems.CappedSimplex(itk.PNorm(4.0 / 3.0))
-  assert itk.solvers.auto_solver_name(mask, backend="cpu") == "native"
-  assert itk.solvers.auto_solver_name(mask, backend="gpu") == "threshold"
-  assert itk.solvers.auto_solver_name(mask, backend="cpu", sharded=True) == "threshold"
-  assert itk.solvers.auto_solver_name(problems.Magnitude(2.0), backend="cpu") == "threshold"
+  assert auto(mask, backend="cpu", row_length=8) == "native"
+  assert auto(mask, backend="gpu", row_length=256) == "pallas"
+  assert auto(problems.Magnitude(2.0), backend="gpu", row_length=256) == "pallas"
+  assert auto(mask, backend="gpu", row_length=100_000) == "threshold"  # longer than a block
+  assert auto(mask, backend="tpu", row_length=8) == "threshold"
+  for backend in ("cpu", "gpu"):
+    assert auto(mask, backend=backend, row_length=8, sharded=True) == "threshold"
+  assert auto(problems.Magnitude(2.0), backend="cpu", row_length=8) == "threshold"
+  assert auto(problems.CappedSimplex(_UserRegularizer()), backend="cpu", row_length=8) == "threshold"
 
 
 @pytest.mark.parametrize("reg,p", REGULARIZERS)
