@@ -36,9 +36,9 @@ REGULARIZERS = ((None, 4.0 / 3.0), (None, 2.0), (None, 1.5), (None, 3.0), ("entr
                 ("sigmoid", 2.0), ("laplace", 2.0))
 
 
-def native_mask(x, k, l, reg=None, p=4.0 / 3.0, **kw):
+def native_mask(x, k, l, reg=None, p=4.0 / 3.0, solver="native", **kw):
   options = dict(regularizer=reg) if reg else dict(p=p)
-  return itk.soft_topk_mask(x, k, regularization_strength=l, solver="native", **options, **kw)
+  return itk.soft_topk_mask(x, k, regularization_strength=l, solver=solver, **options, **kw)
 
 
 def test_auto_picks_native_on_cpu_and_pallas_on_gpu_where_they_apply():
@@ -146,6 +146,31 @@ def test_gradients_match_central_differences(reg, p):
   check_grads(f, (x, k, l), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("reg,p", [(None, 4.0 / 3.0), (None, 2.0), (None, 3.0), ("entropy", 2.0),
+                                   ("sigmoid", 2.0), ("laplace", 2.0)])
+def test_derivative_kernels_equal_autodiff_of_the_optimality_condition(reg, p):
+  # The tangent and cotangent kernels against the threshold solver's derivatives, which
+  # JAX derives from the optimality function by jax.lax.custom_root: every input
+  # (x, k, l), forward and reverse mode, rows with binary and saturated entries, and
+  # rows with +-inf entries.
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(5, 9))
+  x[3, :3] = [np.inf, -np.inf, -np.inf]
+  x[4] = [4.0, 3.9, 0.0, -1.0, 0.5, 0.2, -3.0, 1.0, 0.1]  # binary at k = 2, l = 0.5
+  x = jnp.asarray(x)
+  k, l = jnp.array([1.5, 2.0, 4.5, 2.5, 2.0]), jnp.array([0.7, 1.1, 0.3, 0.9, 0.5])
+  cotangent = jnp.asarray(rng.normal(size=x.shape))
+  tangents = tuple(jnp.asarray(rng.normal(size=np.shape(a))) for a in (x, k, l))
+  for solver in ("native", "threshold"):
+    f = lambda x, k, l, s=solver: native_mask(x, k, l, reg, p, solver=s)
+    loss = lambda x, k, l, f=f: jnp.sum(jnp.where(jnp.isfinite(x), f(x, k, l), 0.0) * cotangent)
+    results = (jax.grad(loss, argnums=(0, 1, 2))(x, k, l), jax.jvp(f, (x, k, l), tangents)[1])
+    if solver == "native":
+      native_results = results
+  for got, want in zip(jax.tree.leaves(native_results), jax.tree.leaves(results)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-12)
+
+
 def test_jit_vmap_and_eager_agree():
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.normal(size=(5, 3, 11)))
@@ -189,7 +214,7 @@ class _UserRegularizer:
 def test_the_bridge_checks_buffers_and_raises_instead_of_crashing():
   x = jnp.ones((2, 3), jnp.float32)
   attributes = native.kernel_attributes(itk.PNorm(2.0))
-  name = native._TARGET.format("float32")
+  name = native._target("capped_simplex", "float32")
   row = jax.ShapeDtypeStruct((2,), jnp.float32)
   good = (jax.ShapeDtypeStruct((2, 3), jnp.float32), row, jax.ShapeDtypeStruct((2,), jnp.int32),
           row, row)

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.extend
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 import numpy as np
 from llvmlite import ir
 from numba import types
@@ -372,15 +372,22 @@ def _sharding_rule(ctx, batch):
                                          types_out)
 
 
-def _batching_rule(args, dims, *, target, results, attributes):
-  """vmap: the mapped axis becomes a leading batch axis of every operand (broadcast
-  where an operand is not mapped) and of every result."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-  moved = [jax.numpy.broadcast_to(a, (size,) + a.shape) if d is None
-           else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-  avals = tuple(jax.core.ShapedArray((size,) + r.shape, r.dtype) for r in results)
-  outs = _native_call.bind(*moved, target=target, results=avals, attributes=attributes)
-  return outs, [0] * len(outs)
+def _batched(primitive, *avals_params):
+  """The vmap rule of ``primitive``: the mapped axis becomes a leading batch axis of
+  every operand (broadcast where an operand is not mapped) and of every result (the
+  parameters named in ``avals_params`` hold result avals and get it too)."""
+
+  def rule(args, dims, **params):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved = [jax.numpy.broadcast_to(a, (size,) + a.shape) if d is None
+             else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    for name in avals_params:
+      params[name] = tuple(jax.core.ShapedArray((size,) + r.shape, r.dtype)
+                           for r in params[name])
+    outs = primitive.bind(*moved, **params)
+    return outs, [0] * len(outs)
+
+  return rule
 
 
 _native_call = jax.extend.core.Primitive("implicit_topk_native_call")
@@ -389,7 +396,52 @@ _native_call.def_abstract_eval(_abstract_eval)
 _native_call.def_impl(lambda *args, **params: jax.jit(
     functools.partial(_native_call.bind, **params))(*args))
 mlir.register_lowering(_native_call, _lowering, platform="cpu")
-batching.primitive_batchers[_native_call] = _batching_rule
+batching.primitive_batchers[_native_call] = _batched(_native_call, "results")
+
+
+def linear_call(name: str, transpose_name: str, results, transposed, primals, tangents,
+                **attributes):
+  """``name`` on ``(*primals, *tangents)``: a kernel linear in ``tangents`` (e.g. a
+  Jacobian-vector product), whose transpose is the kernel ``transpose_name`` on
+  ``(*primals, *cotangents of the results)``, returning one cotangent per tangent
+  (shapes and dtypes ``transposed``). Reverse-mode differentiation through a
+  ``jax.custom_jvp`` rule that calls this transposes it with that kernel."""
+  for target in (name, transpose_name):
+    if target not in _REGISTERED:
+      raise RuntimeError(f"The native kernel {target!r} is not registered (import implicit_topk).")
+  avals = lambda shapes: tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in shapes)
+  outs = _linear_call.bind(*primals, *tangents, target=name, transpose_target=transpose_name,
+                           results=avals(results), transposed=avals(transposed),
+                           attributes=tuple(sorted(attributes.items())),
+                           num_primals=len(primals))
+  return tuple(varying_like(out, (*primals, *tangents)) for out in outs)
+
+
+def _linear_impl(*args, target, results, attributes, **_):
+  return _native_call.bind(*args, target=target, results=results, attributes=attributes)
+
+
+def _linear_transpose(cotangents, *args, target, transpose_target, results, transposed,
+                      attributes, num_primals):
+  del target
+  primals, tangents = args[:num_primals], args[num_primals:]
+  cotangents = [jax.numpy.zeros(r.shape, r.dtype) if type(c) is ad.Zero else c
+                for c, r in zip(cotangents, results)]
+  outs = _native_call.bind(*primals, *cotangents, target=transpose_target, results=transposed,
+                           attributes=attributes)
+  return [None] * num_primals + [out if ad.is_undefined_primal(t) else None
+                                 for out, t in zip(outs, tangents)]
+
+
+_linear_call = jax.extend.core.Primitive("implicit_topk_native_linear_call")
+_linear_call.multiple_results = True
+_linear_call.def_abstract_eval(lambda *args, results, **_: results)
+_linear_call.def_impl(lambda *args, **params: jax.jit(
+    functools.partial(_linear_call.bind, **params))(*args))
+mlir.register_lowering(_linear_call, mlir.lower_fun(_linear_impl, multiple_results=True),
+                       platform="cpu")
+batching.primitive_batchers[_linear_call] = _batched(_linear_call, "results", "transposed")
+ad.primitive_transposes[_linear_call] = _linear_transpose
 
 
 def varying_like(out, args):

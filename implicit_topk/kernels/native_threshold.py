@@ -48,7 +48,7 @@ from implicit_topk.kernels import ffi
 # Regularizer kinds (``kind`` in the parameters): the mask of z = (x - lam) / l.
 PNORM, ENTROPY, SIGMOID, LAPLACE = 0, 1, 2, 3
 KINDS = {"pnorm": PNORM, "exp": ENTROPY, "sigmoid": SIGMOID, "laplace": LAPLACE}
-_SORT_LIMIT = 12  # up to this many gathered entries: insertion sort, else quickselect
+_SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quickselect
 _MAXITER = 200
 _LOWEST = -np.finfo(np.float64).max
 _OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
@@ -240,18 +240,6 @@ def _gather_above(row, n, cut, origin, out):
 
 
 @njit(**_OPTIONS)
-def _sort_descending(values, count):
-  """Insertion sort of values[:count], largest first (count is small here)."""
-  for i in range(1, count):
-    v = values[i]
-    j = i
-    while j > 0 and values[j - 1] < v:
-      values[j] = values[j - 1]
-      j -= 1
-    values[j] = v
-
-
-@njit(**_OPTIONS)
 def _finite_counts(row, n, origin):
   """(#(+inf), #entries > -inf, any NaN, min and max of the finite entries minus
   ``origin``) of a row."""
@@ -272,23 +260,40 @@ def _finite_counts(row, n, origin):
 
 
 @njit(**_OPTIONS)
-def _order_statistics(values, count, m, j):
-  """(x_(m), x_(j+1)) of values[:count] (1-based, largest first), j in {m - 1, m};
-  reorders values so that its m largest come first."""
-  if count <= _SORT_LIMIT:
-    _sort_descending(values, count)
-    return values[m - 1], values[j]
-  _select_descending(values, count, m - 1)
+def _order_statistics(values, count, m, j, scratch):
+  """(x_(m), x_(j+1)) of values[:count] (1-based, largest first), j in {m - 1, m}.
+
+  Small ``m``: one pass keeping the m + 1 largest in ``scratch``, sorted (an insertion
+  that is rarely taken); large ``m``: a quickselect on a copy in ``scratch``.
+  ``values`` keeps its order either way."""
+  if m < _SORT_LIMIT:
+    size = 0
+    for i in range(count):
+      v = values[i]
+      if size <= m:
+        size += 1
+      elif v <= scratch[m]:
+        continue
+      position = size - 1
+      while position > 0 and scratch[position - 1] < v:
+        scratch[position] = scratch[position - 1]
+        position -= 1
+      scratch[position] = v
+    return scratch[m - 1], scratch[j]
+  for i in range(count):
+    scratch[i] = values[i]
+  _select_descending(scratch, count, m - 1)
   x_after = -np.inf
   for i in range(m, count):
-    x_after = max(x_after, values[i])
-  return values[m - 1], values[m - 1] if j < m else x_after
+    x_after = max(x_after, scratch[i])
+  return scratch[m - 1], scratch[m - 1] if j < m else x_after
 
 
 @njit(**_OPTIONS)
-def _sparse_row(row, n, k, l, a, tol, origin, work, scratch, guess):
+def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess):
   """The threshold of a p-norm row, relative to ``origin``; see the module docstring.
-  Returns (lam, passes).
+  ``finite``: every entry is finite; ``top``: then the row's maximum. Returns (lam,
+  passes).
 
   The candidates: with ``t`` = the row maximum minus ``guess[0]`` (the previous row's
   distance from its maximum to its threshold) and at least ``ceil(k) + 1`` entries
@@ -300,8 +305,7 @@ def _sparse_row(row, n, k, l, a, tol, origin, work, scratch, guess):
   Newton runs on the candidates above ``x_(m) - l`` in row order, from the middle of
   the bracket: the result does not depend on the guess, nor on the other rows.
   """
-  finite = _all_finite(row, n)
-  top = _max_of_finite(row, n) - origin if finite and n > 0 else np.nan
+  top = top - origin if finite and n > 0 else np.nan
   k_f, count = k, -1
   if finite and guess[0] < np.inf and k > 0.0 and k < n - 1:
     cut = top - guess[0]
@@ -323,8 +327,7 @@ def _sparse_row(row, n, k, l, a, tol, origin, work, scratch, guess):
     k_f = k - n_pos_inf
     count = _gather_above(row, n, -np.inf, origin, work)
   m, j = int(math.ceil(k_f)), int(math.floor(k_f))
-  scratch[:count] = work[:count]
-  x_m, x_next = _order_statistics(scratch, count, m, j)
+  x_m, x_next = _order_statistics(work, count, m, j, scratch)
   lo, hi = x_m - l, x_next
   if j == m and lo >= hi:  # binary: the middle of the flat root interval
     lam, passes = _midpoint(hi, lo), 0
@@ -404,7 +407,7 @@ def _mask_value(v, lam, l, kind, a):
 
 
 @njit(**_OPTIONS)
-def _write_mask(row, n, lam, l, kind, a, origin, out):
+def _write_mask(row, n, lam, l, kind, a, origin, finite, out):
   """out[i] = the mask of row[i] - origin at threshold lam; returns the sum of out as
   stored.
 
@@ -414,7 +417,7 @@ def _write_mask(row, n, lam, l, kind, a, origin, out):
   entry-by-entry rules of :func:`_mask_value`.
   """
   total = 0.0
-  if not (abs(lam) < np.inf and _all_finite(row, n)):
+  if not (abs(lam) < np.inf and finite):
     for i in range(n):
       v = max(row[i] - origin, _LOWEST) if abs(row[i]) < np.inf else row[i]
       out[i] = _mask_value(v, lam, l, kind, a)
@@ -459,16 +462,17 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   root_eps = math.sqrt(np.finfo(lam.dtype).eps)
   for b in range(rows):
     row, lb, kb = x[b], float(l[b]), float(k[b])
-    top = _max_of_finite(row, n) if n > 0 and _all_finite(row, n) else _finite_counts(row, n, 0.0)[4]
+    finite = _all_finite(row, n)
+    top = _max_of_finite(row, n) if n > 0 and finite else _finite_counts(row, n, 0.0)[4]
     # As the problems' normalize: rows far from 0 relative to l are solved relative to
     # their largest finite entry (shift invariance), so that x - lam keeps its digits.
     far = abs(top) < np.inf and abs(top) * root_eps > lb
     origin = top if far else 0.0
     if kind == PNORM:
-      value, it = _sparse_row(row, n, kb, lb, a, tol, origin, work, scratch, guess)
+      value, it = _sparse_row(row, n, kb, lb, a, tol, origin, finite, top, work, scratch, guess)
     else:
       value, it = _dense_row(row, n, kb, lb, kind, a, tol, origin, work)
-    residual[b] = abs(_write_mask(row, n, value, lb, kind, a, origin, y[b]) - kb)
+    residual[b] = abs(_write_mask(row, n, value, lb, kind, a, origin, finite, y[b]) - kb)
     lam[b] = value
     passes[b] = it
     shift[b] = origin

@@ -17,11 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk import _implicit
 from implicit_topk import regularizers
 from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 
-_TARGET = "implicit_topk_capped_simplex_{}"
+_TARGET = "implicit_topk_{}_{}"  # kernel family, dtype
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -37,9 +36,15 @@ def kernel_attributes(regularizer) -> dict:
 def register_targets() -> None:
   """Registers the kernels' FFI targets with XLA (compiling them on first use)."""
   from implicit_topk.kernels import ffi
-  from implicit_topk.kernels import native_threshold as kernel
-  for dtype, handler in kernel.HANDLERS["capped_simplex"].items():
-    ffi.register(_TARGET.format(dtype.name), handler)
+  from implicit_topk.kernels import native_derivatives, native_threshold
+  for handlers in (native_threshold.HANDLERS, native_derivatives.HANDLERS):
+    for family, by_dtype in handlers.items():
+      for dtype, handler in by_dtype.items():
+        ffi.register(_TARGET.format(family, dtype.name), handler)
+
+
+def _target(family: str, dtype) -> str:
+  return _TARGET.format(family, np.dtype(dtype).name)
 
 
 def capped_simplex_kernel(x, k, l, attributes):
@@ -51,11 +56,38 @@ def capped_simplex_kernel(x, k, l, attributes):
   rows, dtype = x.shape[:-1], x.dtype
   row_values = jax.ShapeDtypeStruct(rows, dtype)
   return ffi.call(
-      _TARGET.format(np.dtype(dtype).name),
+      _target("capped_simplex", dtype),
       (jax.ShapeDtypeStruct(x.shape, dtype), row_values, jax.ShapeDtypeStruct(rows, jnp.int32),
        row_values, row_values),
       x, jnp.broadcast_to(k, rows).astype(dtype), jnp.broadcast_to(l, rows).astype(dtype),
       **attributes)
+
+
+def _mask_operator(attributes):
+  """``(x, k, l) -> (mask, lam, passes, residual, shift)`` by the kernel, with the
+  derivatives of the implicit function theorem by the derivative kernels
+  (:mod:`implicit_topk.kernels.native_derivatives`): forward mode calls the tangent
+  kernel, reverse mode its transpose, the cotangent kernel."""
+  from implicit_topk.kernels import ffi
+
+  @jax.custom_jvp
+  def operator(x, k, l):
+    y, lam, passes, residual, shift = capped_simplex_kernel(x, k, l, attributes)
+    return y, lam, passes.astype(x.dtype), residual, shift
+
+  @operator.defjvp
+  def operator_jvp(primals, tangents):
+    x, k, l = primals
+    outs = operator(x, k, l)
+    _, lam, _, _, shift = outs
+    full, rows = jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(lam.shape, x.dtype)
+    y_dot, lam_dot = ffi.linear_call(
+        _target("capped_simplex_tangent", x.dtype), _target("capped_simplex_cotangent", x.dtype),
+        (full, rows), (full, rows, rows), (x, lam, shift, l), tangents, **attributes)
+    zeros = [jnp.zeros_like(out) for out in outs[2:]]
+    return outs, (y_dot, lam_dot, *zeros)
+
+  return operator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,23 +138,14 @@ class NativeSolver(ThresholdRootSolver):
 
   def solve_and_map(self, x, k, l):
     """The mask and the thresholds from one kernel call, which also normalizes the rows
-    (as ``problem.normalize``: it returns the origin it measured them from);
-    derivatives by the implicit function theorem
-    (:func:`implicit_topk._implicit.implicit_root_and_image`)."""
+    (as ``problem.normalize``); derivatives by the implicit function theorem in the
+    derivative kernels (:func:`_mask_operator`)."""
     if not self.implicit_diff:
       return super().solve_and_map(x, k, l)  # run() refuses it with a clear error
     self._check_dtype(x)
     x, k, l = self._per_row(x, k, l)
-    attributes = kernel_attributes(self.problem.regularizer)
-    problem = self.problem
-
-    def solve(x_, k_, l_):
-      y, lam, passes, residual, shift = capped_simplex_kernel(x_, k_, l_, attributes)
-      return lam, y, (passes.astype(x.dtype), residual), shift
-
-    _, y, (passes, residual), _ = _implicit.implicit_root_and_image(
-        solve, lambda lam, shift, x_, k_, l_: problem.optimality(lam, problem.shift(x_, shift), k_, l_),
-        lambda lam, shift, x_, k_, l_: problem.primal(lam, problem.shift(x_, shift), l_), (x, k, l))
+    y, _, passes, residual, _ = _mask_operator(
+        kernel_attributes(self.problem.regularizer))(x, k, l)
     state = RootState(iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32),
                       residual=jax.lax.stop_gradient(residual))
     return y, state

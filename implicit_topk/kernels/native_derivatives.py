@@ -1,0 +1,203 @@
+r"""The derivatives of the soft top-k mask by the implicit function theorem, per row (numba).
+
+With :math:`z_i = (x_i - \lambda) / l` and :math:`d_i = \mathrm{mask}'(z_i) / l \ge 0`
+(0 for saturated and infinite entries), the mask :math:`y_i = \mathrm{mask}(z_i)` and
+its constraint :math:`\sum_i y_i = k` give (``proofs/implicit_gradient.md``)
+
+.. math::
+
+    \dot\lambda = \frac{\sum_i d_i(\dot x_i - z_i \dot l) - \dot k}{\sum_i d_i},\qquad
+    \dot y_i = d_i\,(\dot x_i - \dot\lambda - z_i\,\dot l),
+
+and, transposed, for cotangents :math:`\bar y, \bar\lambda` and
+:math:`c = (\bar\lambda - \sum_i d_i \bar y_i) / \sum_i d_i`:
+
+.. math::
+
+    \bar x_i = d_i(\bar y_i + c), \qquad \bar k = -c, \qquad
+    \bar l = -\sum_i d_i z_i (\bar y_i + c).
+
+Where :math:`\sum_i d_i = 0` (a binary mask) :math:`\lambda` is locally constant in
+``x`` and ``l`` and the derivative w.r.t. ``k`` is returned as 0, the convention of
+every solver here. A row without a threshold (NaN) has NaN derivatives. Both passes
+read each row once and write it once, in float64 whatever the input dtype; the
+pure-JAX solvers derive the same formulas by autodiff (the tests compare them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, cfunc, njit
+
+from implicit_topk.kernels import ffi
+from implicit_topk.kernels.native_threshold import PNORM, _LOWEST, _OPTIONS, _mask_terms
+
+
+@njit(inline="always", **_OPTIONS)
+def _slope(v, lam, l, origin, kind, a):
+  """(d, z) of one entry: mask'(z) / l and z, with d = 0 where the mask is constant."""
+  if not abs(v) < np.inf or not abs(lam) < np.inf:
+    return 0.0, 0.0
+  gap = max(v - origin, _LOWEST) - lam
+  z = gap / l
+  if kind == PNORM and (gap <= 0.0 or gap >= l):
+    return 0.0, z
+  return _mask_terms(z, kind, a)[1] / l, z
+
+
+@njit(**_OPTIONS)
+def tangent_rows(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot):
+  """Forward mode: ``y_dot``, ``lam_dot`` from the tangents of ``x``, ``k``, ``l``."""
+  rows, n = x.shape
+  for b in range(rows):
+    lb, origin, root = float(l[b]), float(shift[b]), float(lam[b])
+    total, moved = 0.0, 0.0
+    for i in range(n):
+      d, z = _slope(float(x[b, i]), root, lb, origin, kind, a)
+      if d != 0.0:
+        total += d
+        moved += d * (x_dot[b, i] - z * l_dot[b])
+    rate = (moved - k_dot[b]) / total if total > 0.0 else 0.0
+    if root != root:
+      rate = np.nan
+    lam_dot[b] = rate
+    for i in range(n):
+      d, z = _slope(float(x[b, i]), root, lb, origin, kind, a)
+      y_dot[b, i] = d * (x_dot[b, i] - rate - z * l_dot[b]) if d != 0.0 else rate * 0.0
+  return 0
+
+
+@njit(**_OPTIONS)
+def cotangent_rows(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar):
+  """Reverse mode: ``x_bar``, ``k_bar``, ``l_bar`` from the cotangents of ``y``, ``lam``."""
+  rows, n = x.shape
+  for b in range(rows):
+    lb, origin, root = float(l[b]), float(shift[b]), float(lam[b])
+    total, weighted = 0.0, 0.0
+    for i in range(n):
+      d, _ = _slope(float(x[b, i]), root, lb, origin, kind, a)
+      total += d
+      weighted += d * y_bar[b, i]
+    c = (lam_bar[b] - weighted) / total if total > 0.0 else 0.0
+    if root != root:
+      c = np.nan
+    strength = 0.0
+    for i in range(n):
+      d, z = _slope(float(x[b, i]), root, lb, origin, kind, a)
+      x_bar[b, i] = d * (y_bar[b, i] + c) if d != 0.0 else c * 0.0
+      if d != 0.0:
+        strength -= d * z * (y_bar[b, i] + c)
+    k_bar[b] = -c
+    l_bar[b] = strength if c == c else np.nan
+  return 0
+
+
+# -- the FFI handlers. Tangents: (x (..., n), lam, shift, l, x_dot (..., n), k_dot,
+#    l_dot) -> (y_dot (..., n), lam_dot); cotangents: (x, lam, shift, l, y_bar (..., n),
+#    lam_bar) -> (x_bar (..., n), k_bar, l_bar); one float dtype, attributes a and kind
+#    as the threshold kernel's. ----------------------------------------------------------
+_BAD_ARGUMENTS = ffi.message(
+    "implicit_topk mask derivative kernel: expected x (..., n), lam, shift, l (...), then "
+    "the tangents or cotangents, all of one float dtype, and the attributes a (float64) "
+    "and kind (int32)")
+
+
+@njit(inline="always", **_OPTIONS)
+def _layout_ok(frame, code, full_args, full_rets, n_args, n_rets):
+  """Whether the call has n_args arguments and n_rets results of dtype ``code``, each
+  with x's rows (times n for the positions in the bit masks full_args / full_rets)."""
+  if ffi.count(frame, False) != n_args or ffi.count(frame, True) != n_rets:
+    return False, 0, 0
+  x = ffi.buffer(frame, False, 0)
+  rank = ffi.buffer_rank(x)
+  if rank < 1:
+    return False, 0, 0
+  n = ffi.buffer_dim(x, rank - 1)
+  rows = ffi.size(x) // n if n > 0 else ffi.size(ffi.buffer(frame, False, 1))
+  for results, total, full in ((False, n_args, full_args), (True, n_rets, full_rets)):
+    for i in range(total):
+      length = rows * n if (full >> i) & 1 else rows
+      if not ffi.has(ffi.buffer(frame, results, i), code, length):
+        return False, 0, 0
+  return True, rows, n
+
+
+@njit(inline="always", **_OPTIONS)
+def _matrix(frame, results, index, sample, rows, n):
+  return carray(ffi.typed_pointer(ffi.buffer_data(ffi.buffer(frame, results, index)), sample),
+                (rows, n))
+
+
+@njit(inline="always", **_OPTIONS)
+def _vector(frame, results, index, sample, rows):
+  return carray(ffi.typed_pointer(ffi.buffer_data(ffi.buffer(frame, results, index)), sample),
+                (rows,))
+
+
+@njit(inline="always", **_OPTIONS)
+def _attributes(frame):
+  a_at, kind_at = ffi.scalar_attribute(frame, 97, ffi.FLOAT64), ffi.scalar_attribute(frame, 107, ffi.INT32)
+  if a_at == 0 or kind_at == 0:
+    return False, 0, 0.0
+  return True, ffi.load32(kind_at), carray(ffi.typed_pointer(a_at, np.float64(0)), (1,))[0]
+
+
+@njit(inline="always", **_OPTIONS)
+def _tangent_call(frame, sample):
+  if ffi.handler_prologue(frame):
+    return ffi.null()
+  found, kind, a = _attributes(frame)
+  ok, rows, n = _layout_ok(frame, ffi.dtype_code(sample), 0b10001, 0b01, 7, 2)
+  if not (found and ok):
+    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
+  status = tangent_rows(
+      _matrix(frame, False, 0, sample, rows, n), _vector(frame, False, 1, sample, rows),
+      _vector(frame, False, 2, sample, rows), _vector(frame, False, 3, sample, rows),
+      _matrix(frame, False, 4, sample, rows, n), _vector(frame, False, 5, sample, rows),
+      _vector(frame, False, 6, sample, rows), kind, a,
+      _matrix(frame, True, 0, sample, rows, n), _vector(frame, True, 1, sample, rows))
+  return ffi.null() if status == 0 else ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
+
+
+@njit(inline="always", **_OPTIONS)
+def _cotangent_call(frame, sample):
+  if ffi.handler_prologue(frame):
+    return ffi.null()
+  found, kind, a = _attributes(frame)
+  ok, rows, n = _layout_ok(frame, ffi.dtype_code(sample), 0b010001, 0b001, 6, 3)
+  if not (found and ok):
+    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
+  status = cotangent_rows(
+      _matrix(frame, False, 0, sample, rows, n), _vector(frame, False, 1, sample, rows),
+      _vector(frame, False, 2, sample, rows), _vector(frame, False, 3, sample, rows),
+      _matrix(frame, False, 4, sample, rows, n), _vector(frame, False, 5, sample, rows),
+      kind, a, _matrix(frame, True, 0, sample, rows, n), _vector(frame, True, 1, sample, rows),
+      _vector(frame, True, 2, sample, rows))
+  return ffi.null() if status == 0 else ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
+
+
+@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+def tangent_f32(frame):
+  return _tangent_call(frame, np.float32(0))
+
+
+@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+def tangent_f64(frame):
+  return _tangent_call(frame, np.float64(0))
+
+
+@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+def cotangent_f32(frame):
+  return _cotangent_call(frame, np.float32(0))
+
+
+@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+def cotangent_f64(frame):
+  return _cotangent_call(frame, np.float64(0))
+
+
+HANDLERS = {
+    "capped_simplex_tangent": {np.dtype(np.float32): tangent_f32, np.dtype(np.float64): tangent_f64},
+    "capped_simplex_cotangent": {np.dtype(np.float32): cotangent_f32,
+                                 np.dtype(np.float64): cotangent_f64},
+}
