@@ -360,3 +360,20 @@ def test_rows_far_from_zero_are_solved_relative_to_their_maximum(offset):
     centered = grad(jnp.asarray(x - x.max(axis=1, keepdims=True)))
     np.testing.assert_allclose(np.asarray(grad(jnp.asarray(x))), np.asarray(centered),
                                rtol=1e-6, atol=1e-6 * float(np.max(np.abs(centered))))
+
+
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0])
+def test_hessian_vector_products(p):
+  # Second order: forward-over-reverse and reverse-over-reverse agree with each other
+  # and with central differences of the gradient (the kernels serve the first order,
+  # autodiff of their JAX reference the second).
+  rng = np.random.default_rng(6)
+  x, w, v = (jnp.asarray(rng.normal(size=(2, 10))) for _ in range(3))
+  grad = jax.grad(lambda z: jnp.sum(w * native_mask(z, 3.5, 0.8, p=p)))
+  _, forward_over_reverse = jax.jvp(grad, (x,), (v,))
+  reverse_over_reverse = jax.grad(lambda z: jnp.vdot(grad(z), v))(x)
+  central = (grad(x + 1e-6 * v) - grad(x - 1e-6 * v)) / 2e-6
+  np.testing.assert_allclose(forward_over_reverse, reverse_over_reverse, rtol=1e-8, atol=1e-10)
+  np.testing.assert_allclose(forward_over_reverse, central, rtol=1e-5, atol=1e-6)
+  if p != 2.0:  # p = 2 is piecewise linear: a zero Hessian almost everywhere
+    assert float(jnp.max(jnp.abs(forward_over_reverse))) > 1e-3

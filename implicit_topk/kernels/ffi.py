@@ -400,12 +400,18 @@ batching.primitive_batchers[_native_call] = _batched(_native_call, "results")
 
 
 def linear_call(name: str, transpose_name: str, results, transposed, primals, tangents,
-                **attributes):
+                reference, **attributes):
   """``name`` on ``(*primals, *tangents)``: a kernel linear in ``tangents`` (e.g. a
   Jacobian-vector product), whose transpose is the kernel ``transpose_name`` on
   ``(*primals, *cotangents of the results)``, returning one cotangent per tangent
-  (shapes and dtypes ``transposed``). Reverse-mode differentiation through a
-  ``jax.custom_jvp`` rule that calls this transposes it with that kernel."""
+  (shapes and dtypes ``transposed``).
+
+  ``reference(*primals, *tangents)`` is the same linear map written in JAX: the
+  derivatives *of* the kernels (second-order derivatives of the operator, e.g.
+  Hessian-vector products) are taken on it by autodiff, so the kernels serve the
+  first order and nothing is lost at higher orders. Reverse-mode differentiation
+  through a ``jax.custom_jvp`` rule that calls this transposes it with the
+  ``transpose_name`` kernel (whose transpose is ``name`` again)."""
   for target in (name, transpose_name):
     if target not in _REGISTERED:
       raise RuntimeError(f"The native kernel {target!r} is not registered (import implicit_topk).")
@@ -413,8 +419,22 @@ def linear_call(name: str, transpose_name: str, results, transposed, primals, ta
   outs = _linear_call.bind(*primals, *tangents, target=name, transpose_target=transpose_name,
                            results=avals(results), transposed=avals(transposed),
                            attributes=tuple(sorted(attributes.items())),
-                           num_primals=len(primals))
+                           num_primals=len(primals), reference=reference)
   return tuple(varying_like(out, (*primals, *tangents)) for out in outs)
+
+
+class _Transposed:
+  """The transpose of a JAX linear map ``reference(*primals, *tangents)`` in its
+  tangents, as ``(*primals, *cotangents) -> cotangents of the tangents``."""
+
+  def __init__(self, reference, num_primals, tangents):
+    self.reference, self.num_primals, self.tangents = reference, num_primals, tangents
+
+  def __call__(self, *args):
+    primals, cotangents = args[:self.num_primals], args[self.num_primals:]
+    zeros = [jax.numpy.zeros(t.shape, t.dtype) for t in self.tangents]
+    _, transpose = jax.vjp(lambda *t: self.reference(*primals, *t), *zeros)
+    return tuple(transpose(tuple(cotangents)))
 
 
 def _linear_impl(*args, target, results, attributes, **_):
@@ -422,15 +442,24 @@ def _linear_impl(*args, target, results, attributes, **_):
 
 
 def _linear_transpose(cotangents, *args, target, transpose_target, results, transposed,
-                      attributes, num_primals):
-  del target
+                      attributes, num_primals, reference):
   primals, tangents = args[:num_primals], args[num_primals:]
   cotangents = [jax.numpy.zeros(r.shape, r.dtype) if type(c) is ad.Zero else c
                 for c, r in zip(cotangents, results)]
-  outs = _native_call.bind(*primals, *cotangents, target=transpose_target, results=transposed,
-                           attributes=attributes)
+  outs = _linear_call.bind(*primals, *cotangents, target=transpose_target,
+                           transpose_target=target, results=transposed, transposed=results,
+                           attributes=attributes, num_primals=num_primals,
+                           reference=_Transposed(reference, num_primals, transposed))
   return [None] * num_primals + [out if ad.is_undefined_primal(t) else None
                                  for out, t in zip(outs, tangents)]
+
+
+def _linear_jvp(primals, tangents, *, reference, **_):
+  """Derivatives of the kernels' linear map: those of its JAX reference."""
+  tangents = [jax.numpy.zeros(p.shape, p.dtype) if type(t) is ad.Zero else t
+              for p, t in zip(primals, tangents)]
+  outs, outs_dot = jax.jvp(lambda *a: tuple(reference(*a)), tuple(primals), tuple(tangents))
+  return list(outs), list(outs_dot)
 
 
 _linear_call = jax.extend.core.Primitive("implicit_topk_native_linear_call")
@@ -442,6 +471,7 @@ mlir.register_lowering(_linear_call, mlir.lower_fun(_linear_impl, multiple_resul
                        platform="cpu")
 batching.primitive_batchers[_linear_call] = _batched(_linear_call, "results", "transposed")
 ad.primitive_transposes[_linear_call] = _linear_transpose
+ad.primitive_jvps[_linear_call] = _linear_jvp
 
 
 def varying_like(out, args):

@@ -12,11 +12,13 @@ implicit function theorem on :math:`\phi(\lambda) = 0` as for every solver here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from implicit_topk import _implicit
 from implicit_topk import regularizers
 from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 
@@ -63,11 +65,27 @@ def capped_simplex_kernel(x, k, l, attributes):
       **attributes)
 
 
-def _mask_operator(attributes):
+def _tangent_reference(problem, x, lam, shift, l, x_dot, k_dot, l_dot):
+  """The derivative kernels' linear map in JAX: the implicit function theorem on
+  ``problem.optimality`` at the root ``lam`` of the rows ``x - shift``, every
+  Jacobian-vector product by ``jax.jvp`` (as ``jax.lax.custom_root`` does):
+  ``(y_dot, lam_dot)`` for the tangents of ``x``, ``k`` and ``l``."""
+  optimality = lambda r, x_, k_, l_: problem.optimality(r, problem.shift(x_, shift), k_, l_)
+  k = jnp.zeros_like(lam)  # phi is linear in k: its value does not enter
+  _, slope = jax.jvp(lambda r: optimality(r, x, k, l), (lam,), (jnp.ones_like(lam),))
+  _, moved = jax.jvp(lambda *a: optimality(lam, *a), (x, k, l), (x_dot, k_dot, l_dot))
+  lam_dot = -_implicit._safe_divide(moved, slope)
+  _, y_dot = jax.jvp(lambda r, x_, l_: problem.primal(r, problem.shift(x_, shift), l_),
+                     (lam, x, l), (lam_dot, x_dot, l_dot))
+  return y_dot, lam_dot
+
+
+def _mask_operator(problem, attributes):
   """``(x, k, l) -> (mask, lam, passes, residual, shift)`` by the kernel, with the
   derivatives of the implicit function theorem by the derivative kernels
   (:mod:`implicit_topk.kernels.native_derivatives`): forward mode calls the tangent
-  kernel, reverse mode its transpose, the cotangent kernel."""
+  kernel, reverse mode its transpose, the cotangent kernel; higher orders
+  differentiate :func:`_tangent_reference`, the same map in JAX."""
   from implicit_topk.kernels import ffi
 
   @jax.custom_jvp
@@ -83,7 +101,8 @@ def _mask_operator(attributes):
     full, rows = jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(lam.shape, x.dtype)
     y_dot, lam_dot = ffi.linear_call(
         _target("capped_simplex_tangent", x.dtype), _target("capped_simplex_cotangent", x.dtype),
-        (full, rows), (full, rows, rows), (x, lam, shift, l), tangents, **attributes)
+        (full, rows), (full, rows, rows), (x, lam, shift, l), tangents,
+        functools.partial(_tangent_reference, problem), **attributes)
     zeros = [jnp.zeros_like(out) for out in outs[2:]]
     return outs, (y_dot, lam_dot, *zeros)
 
@@ -145,7 +164,7 @@ class NativeSolver(ThresholdRootSolver):
     self._check_dtype(x)
     x, k, l = self._per_row(x, k, l)
     y, _, passes, residual, _ = _mask_operator(
-        kernel_attributes(self.problem.regularizer))(x, k, l)
+        self.problem, kernel_attributes(self.problem.regularizer))(x, k, l)
     state = RootState(iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32),
                       residual=jax.lax.stop_gradient(residual))
     return y, state
