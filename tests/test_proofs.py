@@ -29,6 +29,7 @@ NAMES = [
     "sparse_softmax",
     "fenchel_young",
     "pallas_certificate",
+    "native_bracket",
 ]
 
 

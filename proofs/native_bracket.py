@@ -1,0 +1,142 @@
+"""Numerical companion of proofs/native_bracket.md (Proposition 13).
+
+Checks, with Brent's method on phi (``_proofs_common.threshold_solve``, no library code):
+  (1) the bracket x_(m) - l <= lam* <= x_(j+1), and zeros below its lower end;
+  (2) binary rows: every point of [x_(k+1), x_(k) - l] is a root (the hard mask);
+  (3) the candidate rule for random guesses t;
+  (4) the tangent and cotangent formulas against central differences;
+  (5) the library's solver="native" against Brent's root.
+"""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import numpy as np  # noqa: E402
+
+import _proofs_common as C  # noqa: E402
+
+PS = (4.0 / 3.0, 2.0, 3.0)
+
+
+def order_stats(x, k):
+    s = np.sort(x)[::-1]
+    m, j = int(np.ceil(k)), int(np.floor(k))
+    return s[m - 1], s[j]
+
+
+def check_bracket(rng):
+    for _ in range(300):
+        n = int(rng.integers(2, 12))
+        x = np.round(rng.normal(size=n), int(rng.integers(0, 3)))  # ties
+        k = float(rng.uniform(0.05, n - 0.05))
+        l, p = float(10 ** rng.uniform(-2, 1)), PS[int(rng.integers(3))]
+        lam, y = C.threshold_solve(x, k, l, p)
+        x_m, x_next = order_stats(x, k)
+        tol = 1e-12 * (1 + abs(lam))
+        C.check(x_m - l - tol <= lam <= x_next + tol, f"bracket {x_m - l} <= {lam} <= {x_next}")
+        C.check(np.all(y[x <= x_m - l] == 0.0), "entries below the bracket are 0")
+    print("  (1) bracket and zeros below it: 300 rows")
+
+
+def check_binary(rng):
+    count = 0
+    for _ in range(200):
+        n = int(rng.integers(3, 10))
+        x = rng.normal(size=n) * 3
+        k = int(rng.integers(1, n))
+        s = np.sort(x)[::-1]
+        l = float(rng.uniform(0.01, 1.0)) * max(s[k - 1] - s[k], 1e-9)
+        if s[k - 1] - l < s[k]:
+            continue
+        for lam in np.linspace(s[k], s[k - 1] - l, 5):
+            C.check(abs(C.phi(lam, x, k, l, 2.0)) <= 1e-12, "binary interval is a root")
+        for lam in np.linspace(s[k], s[k - 1] - l, 5)[1:-1]:  # inside: no rounding at the ends
+            C.check(np.array_equal(C.h((x - lam) / l, 2.0), C.hard_topk_mask(x, k)), "hard mask")
+        count += 1
+    C.check(count > 50, "enough binary rows")
+    print(f"  (2) binary rows: {count}")
+
+
+def check_candidates(rng):
+    for _ in range(500):
+        n = int(rng.integers(2, 30))
+        x = rng.normal(size=n)
+        k = float(rng.uniform(0.05, n - 1.05))
+        l = float(10 ** rng.uniform(-2, 1))
+        m = int(np.ceil(k))
+        t = float(rng.normal() * 2)
+        if np.sum(x > t) < m + 1:
+            continue
+        top = np.sort(x)[::-1][:m + 1]
+        x_m, _ = order_stats(x, k)
+        C.check(np.all(top > t), "the m + 1 largest exceed t")
+        C.check(np.all(x[x > x_m - l] > t - l), "candidates above t - l")
+    print("  (3) the candidate rule: 500 guesses")
+
+
+def _slopes(x, lam, l, p):
+    z = (x - lam) / l
+    inside = (z > 0) & (z < 1)
+    a = 1.0 / (p - 1.0)
+    d = np.where(inside, a * np.abs(np.where(inside, z, 1.0)) ** (a - 1.0), 0.0) / l
+    return z, d
+
+
+def check_derivatives(rng):
+    for _ in range(40):
+        n = 7
+        x = rng.normal(size=n)
+        k, l, p = float(rng.uniform(1.2, 5.8)), float(rng.uniform(0.3, 2.0)), PS[int(rng.integers(3))]
+        xd, kd, ld = rng.normal(size=n), float(rng.normal()), float(rng.normal())
+        lam, y = C.threshold_solve(x, k, l, p)
+        z, d = _slopes(x, lam, l, p)
+        if d.sum() == 0:
+            continue
+        lam_dot = (np.sum(d * (xd - z * ld)) - kd) / d.sum()
+        y_dot = d * (xd - lam_dot - z * ld)
+        e = 1e-6
+        plus = C.threshold_solve(x + e * xd, k + e * kd, l + e * ld, p)
+        minus = C.threshold_solve(x - e * xd, k - e * kd, l - e * ld, p)
+        C.check(abs((plus[0] - minus[0]) / (2 * e) - lam_dot) < 1e-5, "lam_dot")
+        C.check(np.max(np.abs((plus[1] - minus[1]) / (2 * e) - y_dot)) < 1e-5, "y_dot")
+        y_bar, lam_bar = rng.normal(size=n), float(rng.normal())
+        c = (lam_bar - np.sum(d * y_bar)) / d.sum()
+        x_bar, k_bar, l_bar = d * (y_bar + c), -c, -np.sum(d * z * (y_bar + c))
+        pairing = np.dot(y_bar, y_dot) + lam_bar * lam_dot
+        C.check(abs(pairing - (np.dot(x_bar, xd) + k_bar * kd + l_bar * ld)) < 1e-10,
+                "the cotangent formulas are the transpose")
+    print("  (4) tangent and cotangent formulas: central differences, transposition")
+
+
+def check_library(rng):
+    itk = C.load_library()
+    import jax.numpy as jnp
+    for p in PS:
+        x = rng.normal(size=(6, 9))
+        k = rng.uniform(0.5, 8.5, size=6)
+        l = 10 ** rng.uniform(-1.5, 0.5, size=6)
+        y = np.asarray(itk.soft_topk_mask(jnp.asarray(x), jnp.asarray(k), regularization_strength=jnp.asarray(l),
+                                          p=p, solver="native"))
+        for i in range(6):
+            _, ref = C.threshold_solve(x[i], k[i], l[i], p)
+            C.check(np.max(np.abs(y[i] - ref)) < 1e-10, f"native vs Brent, p = {p}")
+    print("  (5) solver='native' equals Brent's root")
+
+
+def main():
+    rng = np.random.default_rng(13)
+    print("native_bracket:")
+    check_bracket(rng)
+    check_binary(rng)
+    check_candidates(rng)
+    check_derivatives(rng)
+    check_library(rng)
+    print("native_bracket: OK")
+
+
+if __name__ == "__main__":
+    main()
