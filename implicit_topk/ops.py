@@ -94,12 +94,19 @@ def soft_topk_mask(
       ``"laplace"``, ``"pnorm"``) or a regularizer object (see
       :mod:`implicit_topk.regularizers`).
     axis: the axis along which to select (default -1).
-    solver: ``"auto"`` (default) = ``"threshold"``: pure JAX, sort-free Newton, exact;
-      works under ``jax.export``, ``shard_map`` and on sharded inputs, any backend.
-      ``"pav"``: numba PAV on the host, exact, faster on CPU for large batches (see
-      ``benchmarks/results/cpu_matrix.md``), but a host callback: it cannot be
-      exported with ``jax.export`` and pulls a sharded input to one device.
-      ``"dykstra"``: pure JAX, ``p = 2`` only, approximate (stops at ``tol``).
+    solver: ``"auto"`` (default): ``"native"`` on CPU, ``"pallas"`` on GPU for rows
+      of at most 4096 entries, ``"threshold"`` elsewhere and where ``axis`` is split
+      over devices (``axis_name=``, or a sharding along ``axis`` visible when the call
+      is made: a concrete array or an explicit mesh axis; under ``jit`` with automatic
+      sharding nothing shows the split: pass ``solver="threshold"`` there).
+      ``"native"``: a compiled CPU kernel per row (selection, then Newton on the few
+      entries that can be nonzero; the derivatives in two more kernels), an XLA
+      custom call: exact, exportable (``disabled_checks=export_safety_checks()``),
+      per shard on a batch-sharded input; built-in regularizers.
+      ``"pallas"``: one fused GPU kernel per block of rows, certified per row.
+      ``"threshold"``: pure JAX, sort-free Newton, exact, any backend and regularizer.
+      ``"pav"``: numba PAV after a sort, exact. ``"dykstra"``: pure JAX, ``p = 2``
+      only, approximate (stops at ``tol``).
     diff: ``"implicit"`` (default: implicit function theorem at the solver's output)
       or ``"unrolled"`` (autodiff through exactly ``maxiter`` iterations of
       ``"threshold"`` or ``"dykstra"``; memory grows with ``maxiter``).
