@@ -24,10 +24,12 @@ from implicit_topk.solvers import (DykstraSolver, NativeSolver, OptStep, PAVSolv
 from implicit_topk.sparse_softmax import sparse_softmax
 from implicit_topk.kernels.ffi import export_safety_checks
 from implicit_topk.solvers.native import register_targets as _register_native_targets
+from implicit_topk.kernels.pav_ffi import register_targets as _register_pav_targets
 
 # The compiled CPU kernels are XLA custom calls found by name: registered at import, so
 # that a function exported with jax.export runs in any process that imports the package.
 _register_native_targets()
+_register_pav_targets()
 
 __version__ = "0.2.0"  # the one source of the version (pyproject.toml reads it)
 

@@ -31,11 +31,12 @@ Two solvers give the same blocks (``solver=``):
   merge every violating pair of adjacent blocks at once. Works under ``jit``,
   ``vmap``, ``shard_map`` (each shard solves its own rows) and ``jax.export``, on any
   backend.
-* ``"pav"``: one host call per batch (numba, :mod:`implicit_topk.solvers.pav_kernels`)
-  sorts the rows (radix sort), runs sequential PAV and returns the block values, the
-  block ids and the permutations. The fastest on CPU for long rows, but a host
-  callback: ``jax.export`` cannot serialize it, and it gathers a sharded input to one
-  host.
+* ``"pav"``: one compiled numba kernel per batch, an XLA custom call on CPU
+  (:mod:`implicit_topk.kernels.pav_ffi`), sorts the rows (radix sort), runs sequential
+  PAV and returns the block values, the block ids and the permutations. The fastest
+  on CPU for long rows; it exports with ``jax.export``
+  (``disabled_checks=implicit_topk.export_safety_checks()``) and a batch-sharded input
+  stays sharded. CPU only.
 
 Derivatives: the implicit function theorem on :math:`F(u) = 0` with the block partition
 held fixed (``jax.lax.custom_root``). :math:`F_B` depends on :math:`u_B` alone, so the
@@ -74,7 +75,7 @@ from implicit_topk import _deprecation
 from implicit_topk import _implicit
 from implicit_topk import _validation
 from implicit_topk import regularizers
-from implicit_topk.solvers import host
+from implicit_topk.kernels import pav_ffi
 from implicit_topk.solvers import isotonic
 from implicit_topk.solvers import pav
 
@@ -83,29 +84,6 @@ RegularizerLike = Union[str, regularizers.Regularizer, None]
 
 # "auto" is the pure-JAX solver on every backend: the default call must export and shard.
 SOLVERS = ("auto", "pav_jax", "pav")
-
-
-def _host_blocks(p, sort_x, sort_w, dtype, kernels, *args):
-  """Host side of :func:`_lp`: sorts (numpy), gathers, PAV and block ids (numba).
-
-  ``args`` = (x if sort_x, w if sort_w, l); a missing x or w is the ranks
-  (n, ..., 1). Returns (values, ids[, x_order, x_inverse][, w_order]), x's shape.
-  """
-  l = args[-1]
-  shape = args[0].shape if sort_x or sort_w else None
-  n = shape[-1]
-  ranks = np.arange(n, 0, -1, dtype=dtype)[None]
-  rows = list(args[:-1])
-  x = rows.pop(0).reshape(-1, n) if sort_x else ranks
-  w = rows.pop(0).reshape(-1, n) if sort_w else ranks
-  values, ids, x_order, x_inverse, w_order = kernels.permutahedron_blocks(
-      x, w, l.reshape(-1), p, sort_x=sort_x, sort_w=sort_w, dtype=dtype)
-  out = [values.reshape(shape), ids.reshape(shape)]
-  if sort_x:
-    out += [x_order.reshape(shape), x_inverse.reshape(shape)]
-  if sort_w:
-    out.append(w_order.reshape(shape))
-  return tuple(out)
 
 
 def _take_rows(a, index, *, sorted_index=False):
@@ -143,7 +121,7 @@ def _lp(x, w, l, regularizer, dtype, solver):
   (n, ..., 1), already sorted), ``l`` of shape (R,); ``y`` in ``x``'s order.
 
   The solver sorts and returns the block structure and the permutations (``"pav"``:
-  on the host; ``"pav_jax"``: in JAX); the gathers by those permutations and the
+  the numba kernel; ``"pav_jax"``: in JAX); the gathers by those permutations and the
   block conditions are JAX (differentiable).
   """
   p = _kernel_spec(regularizer)
@@ -151,13 +129,8 @@ def _lp(x, w, l, regularizer, dtype, solver):
   n = shape[-1]
   ranks = jnp.broadcast_to(_ranks_vector(n, dtype), shape)
   if solver == "pav":
-    given = [a for a in (x, w) if a is not None]
-    int_shape = jax.ShapeDtypeStruct(shape, jnp.int32)
-    out = ((jax.ShapeDtypeStruct(shape, dtype), int_shape)
-           + (int_shape, int_shape) * (x is not None) + (int_shape,) * (w is not None))
-    solved = host.call(functools.partial(_host_blocks, p, x is not None, w is not None,
-                                         np.dtype(dtype)),
-                       out, *jax.lax.stop_gradient((*given, l)))
+    x_, w_, l_ = jax.lax.stop_gradient((x, w, l))
+    solved = pav_ffi.permutahedron_blocks(x_, w_, l_, p, dtype)
     values, ids, rest = solved[0], solved[1], list(solved[2:])
     if x is not None:
       order, inverse = rest.pop(0), rest.pop(0)
@@ -279,9 +252,9 @@ def permutahedron_argmax(x: ArrayLike, w: ArrayLike, *,
     axis: the axis of the vectors (default -1).
     solver: ``"auto"`` (default: ``"pav_jax"`` on every backend), ``"pav_jax"`` (pure
       JAX: works with ``jax.export`` and ``shard_map``, where each shard solves its own
-      rows) or ``"pav"`` (numba on the host: the fastest on CPU for long rows, but a
-      host callback, which ``jax.export`` cannot serialize and which gathers a sharded
-      input to one host). Both give the same blocks (to rounding).
+      rows) or ``"pav"`` (a numba kernel called as an XLA custom call on CPU: the
+      fastest on CPU for long rows; exportable, and a batch-sharded input stays
+      sharded). Both give the same blocks (to rounding).
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
 
   Returns:
@@ -346,7 +319,7 @@ def soft_rank(x: ArrayLike, *, regularization_strength: ArrayLike = _deprecation
     axis: the axis to rank along (default -1).
     descending: rank the largest entry 1 instead of ``n`` (default False).
     solver: ``"auto"`` (default, = ``"pav_jax"``, pure JAX: ``jax.export``,
-      ``shard_map``) or ``"pav"`` (numba on the host; see :func:`permutahedron_argmax`).
+      ``shard_map``) or ``"pav"`` (a numba kernel on CPU; see :func:`permutahedron_argmax`).
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
 
   Returns:
@@ -411,8 +384,8 @@ def soft_sort(x: ArrayLike, k: int | None = None, *,
       ``descending=True``) or a regularizer object (see :func:`permutahedron_argmax`).
     axis: the axis to sort along (default -1).
     descending: sort in descending order (default False).
-    solver: ``"auto"`` (default, = ``"pav_jax"``, pure JAX) or ``"pav"`` (numba on the
-      host; see :func:`permutahedron_argmax`).
+    solver: ``"auto"`` (default, = ``"pav_jax"``, pure JAX) or ``"pav"`` (a numba
+      kernel on CPU; see :func:`permutahedron_argmax`).
     topk: deprecated name of ``k`` (removed in 0.3.0).
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
 

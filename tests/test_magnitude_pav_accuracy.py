@@ -36,7 +36,6 @@ from hypothesis import strategies as st
 
 import implicit_topk as itk
 from implicit_topk import problems
-from implicit_topk.solvers import host
 
 jax.config.update("jax_enable_x64", True)
 
@@ -107,12 +106,13 @@ class Reference:
 
 
 def _pav_lam(x, k, l, p):
-  """The threshold as the PAV solver gets it: the problem's host hook on the numba kernel."""
-  x = np.asarray(x)
-  lam = problems.Magnitude(p).host_threshold(
-      host.kernels(), x[None], np.asarray([k], x.dtype), np.asarray([l], x.dtype))
+  """The threshold as the PAV solver gets it: the problem's hook on the PAV kernel (an
+  XLA custom call)."""
+  x = jnp.asarray(x)
+  lam = problems.Magnitude(p).pav_threshold(x[None], jnp.asarray([k], x.dtype),
+                                            jnp.asarray([l], x.dtype))
   assert lam.dtype == x.dtype
-  return lam[0]
+  return np.asarray(lam)[0]
 
 
 def _check(x, k, l, p, *, lam_ulps, out_ulps):

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from implicit_topk import regularizers as _regularizers
+from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
 from implicit_topk.problems.base import Bracket, midpoint, upper_quantile_of_normal
 from implicit_topk.problems.capped_simplex import _check_sortable
@@ -213,14 +214,10 @@ class Magnitude:
       raise ValueError(f"solver='dykstra' supports p=2 only; got p={self.p}. "
                        "Use solver='pav' or 'threshold' for other p.")
 
-  def host_threshold(self, kernels, x, k, l):
-    """Exact thresholds by the numba PAV kernel on the magnitude dual."""
-    batch_shape, n = x.shape[:-1], x.shape[-1]
-    k = np.broadcast_to(np.asarray(k, np.float64), batch_shape).reshape(-1)
-    l = np.broadcast_to(np.asarray(l, np.float64), batch_shape).reshape(-1)
-    lam = kernels.magnitude_threshold(
-        x.reshape(-1, n), np.ascontiguousarray(k), np.ascontiguousarray(l), self.p)
-    return np.asarray(lam, dtype=x.dtype).reshape(batch_shape)
+  def pav_threshold(self, x, k, l):
+    """Exact thresholds by the PAV kernel on the magnitude dual (an XLA custom call)."""
+    from implicit_topk.kernels import pav_ffi
+    return pav_ffi.magnitude_threshold(x, k, l, self.p)
 
   def dykstra_threshold(self, x, k, l, *, tol, maxiter, unrolled):
     r"""``p = 2``: Dykstra on the weighted isotonic regression of the magnitude dual.
@@ -231,7 +228,6 @@ class Magnitude:
     threshold is its value at index :math:`\lfloor k\rfloor` (0-based). Approximate:
     it stops once a sweep changes the dual by at most ``tol``, or after ``maxiter``.
     """
-    from implicit_topk.solvers import dykstra
     s = jnp.abs(x)
     bracket = self.bracket(x, k, l)
     # inf -> a magnitude that is kept whenever the row has a threshold; NaN rows are known.
@@ -242,10 +238,10 @@ class Magnitude:
     w = jnp.clip(k[..., None] - jnp.arange(n, dtype=x.dtype), 0, 1)
     rho = 1 + l[..., None] * w
     if unrolled:
-      v = dykstra.isotonic_dykstra_unrolled(sorted_s / rho, rho, num_sweeps=maxiter)
+      v = _dykstra.isotonic_dykstra_unrolled(sorted_s / rho, rho, num_sweeps=maxiter)
       sweeps = jnp.full(x.shape[:-1], maxiter, jnp.int32)
     else:
-      result = dykstra.isotonic_dykstra(sorted_s / rho, rho, tol=tol, max_iter=maxiter)
+      result = _dykstra.isotonic_dykstra(sorted_s / rho, rho, tol=tol, max_iter=maxiter)
       v, sweeps = result.v, result.iter_num
     index = jnp.clip(jnp.floor(k).astype(jnp.int32), 0, n - 1)
     lam = jnp.take_along_axis(v, index[..., None], axis=-1)[..., 0]

@@ -1,25 +1,23 @@
-"""Exact PAV solver: numba kernels behind one host callback for the whole batch.
+"""Exact PAV solver: a compiled numba kernel per row, called as an XLA FFI custom call.
 
-The problem's kernel (:mod:`implicit_topk.solvers.pav_kernels`) sorts each row, runs
-Pool-Adjacent-Violators on the isotonic dual (``proofs/isotonic_dual.md``) and returns
-the threshold ``lam``; rows run in parallel (numba ``prange``). Cost per row: one sort
-plus O(n) for p = 2 and p = 4/3 (closed-form block values); other p solve each block
-value by safeguarded Newton, O(n * block size) in the worst case.
+The problem's kernel (:mod:`implicit_topk.kernels.pav_ffi`) sorts each row (radix
+sort), runs Pool-Adjacent-Violators on the isotonic dual (``proofs/isotonic_dual.md``)
+and returns the threshold ``lam``. Cost per row: one sort plus O(n) for p = 2 and
+p = 4/3 (closed-form block values); other p solve each block value by safeguarded
+Newton, O(n * block size) in the worst case.
 
-The callback runs on the host (:mod:`implicit_topk.solvers.host`): it cannot be
-exported with ``jax.export`` and gathers a sharded input to one device; on GPU/TPU,
-for export and for sharded inputs use the ``"threshold"`` solver.
+The kernel is a custom call, not a host callback: it exports with ``jax.export``
+(``disabled_checks=implicit_topk.export_safety_checks()``) and runs on each shard of
+a batch-sharded input. It runs on CPU only; on GPU/TPU use the ``"threshold"`` solver.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from implicit_topk import regularizers
-from implicit_topk.solvers import host
 from implicit_topk.solvers.base import ThresholdRootSolver
 
 kernel_spec = regularizers.pav_kernel_spec  # used by the permutahedron operators
@@ -27,7 +25,7 @@ kernel_spec = regularizers.pav_kernel_spec  # used by the permutahedron operator
 
 @dataclasses.dataclass(frozen=True)
 class PAVSolver(ThresholdRootSolver):
-  r"""Exact threshold solver: Pool-Adjacent-Violators on the isotonic dual (numba, host).
+  r"""Exact threshold solver: Pool-Adjacent-Violators on the isotonic dual (numba, CPU).
 
   The top-k mask (Sander et al. 2023, "Fast, differentiable and sparse top-k: a
   convex analysis perspective", ICML),
@@ -43,10 +41,11 @@ class PAVSolver(ThresholdRootSolver):
   the soft sort and rank (Blondel et al. 2020, "Fast differentiable sorting and
   ranking", ICML); the threshold :math:`\lambda` is read off the pooled block that
   straddles ``k``. Cost per row: one sort plus O(n) for ``p = 2`` and ``p = 4/3``;
-  other ``p`` solve each block value by a safeguarded Newton iteration. Rows run in
-  parallel in numba kernels behind one host callback for the whole batch: fast on
-  CPU, but the call cannot be exported with ``jax.export`` and gathers a sharded
-  input to one device (use :class:`ThresholdSolver` there). The derivatives come from
+  other ``p`` solve each block value by a safeguarded Newton iteration. The kernel is
+  an XLA custom call on CPU, not a host callback (no Python round trip): it exports
+  with ``jax.export`` (``disabled_checks=implicit_topk.export_safety_checks()``) and
+  a batch-sharded input stays sharded, each device solving its own rows. The
+  derivatives come from
   the implicit function theorem on :math:`\sum_i y_i(\lambda) - k = 0` (Blondel et
   al. 2022, "Efficient and modular implicit differentiation", NeurIPS); the
   interface follows jaxopt.
@@ -84,8 +83,7 @@ class PAVSolver(ThresholdRootSolver):
 
   def _solve(self, init, x, k, l):
     del init  # PAV is a direct method.
-    lam = host.call(self.problem.host_threshold, jax.ShapeDtypeStruct(x.shape[:-1], x.dtype),
-                    x, k, l)
+    lam = self.problem.pav_threshold(x, k, l)
     # Rows answered by the bracket (non-finite entries, k = 0 or n, the limits of
     # regularizers that never saturate) take its value, as in the other solvers.
     bracket = self.problem.bracket(x, k, l)
