@@ -333,7 +333,10 @@ def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess)
     lam, passes = _midpoint(hi, lo), 0
   else:
     count = _count_above(work, count, lo)
-    lam, passes = _newton(work, count, k_f, l, PNORM, a, lo, hi, _midpoint(lo, hi), tol)
+    # Start a fraction 2^-a of the way up the bracket: measured on normal rows, it saves
+    # one or two passes against the middle for p = 4/3 (a = 3) and is the middle for p = 2.
+    start = lo + min(max(0.5 ** a, 0.1), 0.9) * (hi - lo)
+    lam, passes = _newton(work, count, k_f, l, PNORM, a, lo, hi, start, tol)
   if finite and abs(lam) < np.inf:
     guess[0] = max(top - lam, 0.0)
   return lam, passes
