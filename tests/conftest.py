@@ -18,13 +18,12 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
 
 
-# The default run (README: `python -m pytest -q`) checks the default, pure-JAX solvers
-# (threshold, pav_jax, dykstra). The numba PAV solver (solver="pav") compiles its kernels
-# on first use, about 12 s per kernel and dtype in every pytest-xdist worker (over a
-# third of a cold default run), so every test that runs it is in the slow group, which
-# CI runs too: those whose node id names "pav" (other than "pav_jax"), and those listed
-# here. In the default run a host kernel call raises, so a new test that needs one says so.
-_USES_HOST_PAV = (
+# The default run (README: `python -m pytest -q`) checks the default solvers. The numba
+# PAV kernels (solver="pav") are XLA custom calls compiled at `import implicit_topk` and
+# cached on disk, so a call costs no compilation; their thorough checks (long rows,
+# every p, sweeps against references) are in the slow group, which CI runs too: the
+# tests whose node id names "pav" (other than "pav_jax"), and those listed here.
+_USES_PAV = (
     "tests/test_dykstra.py::test_dykstra_non_finite_inputs_follow_the_documented_rules",
     "tests/test_magnitude.py::test_matches_slsqp_on_the_reference_isotonic_dual",
     "tests/test_magnitude.py::test_matches_brent_on_the_threshold_equation",
@@ -47,28 +46,11 @@ _API_REPRESENTATIVES = frozenset({"soft_topk_mask", "grad_topk", "soft_sort",
                                   "topk_fenchel_young_loss"})
 
 
-def _is_default_run(config) -> bool:
-  return (config.option.markexpr or "").strip() == "not slow"
-
-
-def pytest_configure(config):
-  if not _is_default_run(config):
-    return
-  from implicit_topk.solvers import host
-
-  def refuse_host_kernels():
-    raise RuntimeError(
-        "this test runs the numba PAV solver (solver='pav'), which the default run leaves to "
-        "the slow group: add its node id to _USES_HOST_PAV in tests/conftest.py")
-
-  host.kernels = refuse_host_kernels
-
-
 def pytest_collection_modifyitems(config, items):
   import pytest
   for item in items:
-    uses_host_pav = "pav" in item.nodeid.replace("pav_jax", "")
-    if uses_host_pav or item.nodeid.startswith(_USES_HOST_PAV):
+    uses_pav = "pav" in item.nodeid.replace("pav_jax", "")
+    if uses_pav or item.nodeid.startswith(_USES_PAV):
       item.add_marker(pytest.mark.slow)
     callspec = getattr(item, "callspec", None)
     name = callspec.params.get("name") if callspec is not None else None
