@@ -33,7 +33,6 @@ from implicit_topk.kernels.pav_capped_simplex import capped_rows
 from implicit_topk.kernels.pav_magnitude import _mag_select, magnitude_rows
 from implicit_topk.kernels.pav_permutahedron import permutahedron_rows
 
-_OPTIONS = dict(cache=True, error_model="numpy")
 _TARGET = "implicit_topk_pav_{}_{}"
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _A, _K, _P, _W, _X = (ord(c) for c in "akpwx")  # the attributes' first letters
@@ -48,12 +47,12 @@ _BAD_PERMUTAHEDRON = ffi.message(
     "(..., n)], [w_order int32 (..., n)]")
 
 
-@njit(inline="always", **_OPTIONS)
+@njit(inline="always", cache=True, error_model="numpy")
 def _float_attribute(at):
   return carray(ffi.typed_pointer(at, np.float64(0)), (1,))[0]
 
 
-@njit(inline="always", **_OPTIONS)
+@njit(inline="always", cache=True, error_model="numpy")
 def _threshold_call(frame, sample, rows_fn):
   """The handler of a threshold family: x (..., n), k (...), l (...) -> lam (...)."""
   if ffi.handler_prologue(frame):
@@ -86,34 +85,34 @@ def _threshold_call(frame, sample, rows_fn):
   return ffi.null()
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
 def capped_simplex_f32(frame):
   return _threshold_call(frame, np.float32(0), capped_rows)
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
 def capped_simplex_f64(frame):
   return _threshold_call(frame, np.float64(0), capped_rows)
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
 def magnitude_f32(frame):
   return _threshold_call(frame, np.float32(0), magnitude_rows)
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
 def magnitude_f64(frame):
   return _threshold_call(frame, np.float64(0), magnitude_rows)
 
 
-@njit(inline="always", **_OPTIONS)
+@njit(inline="always", cache=True, error_model="numpy")
 def _int_buffer(frame, index, rows, n):
   """Result ``index`` as an int32 (rows, n) array."""
   return carray(ffi.typed_pointer(ffi.buffer_data(ffi.buffer(frame, True, index)),
                                   np.int32(0)), (rows, n))
 
 
-@njit(inline="always", **_OPTIONS)
+@njit(inline="always", cache=True, error_model="numpy")
 def _permutahedron_call(frame, sample):
   """(x if xsort, w if wsort, l) -> (values, ids, x_order, x_inverse if xsort,
   w_order if wsort)."""
@@ -178,20 +177,21 @@ def _permutahedron_call(frame, sample):
   return ffi.null()
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
 def permutahedron_f32(frame):
   return _permutahedron_call(frame, np.float32(0))
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
+@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
 def permutahedron_f64(frame):
   return _permutahedron_call(frame, np.float64(0))
 
 
+#: family -> dtype name -> handler.
 HANDLERS = {
-    "capped_simplex": {_DTYPES[0]: capped_simplex_f32, _DTYPES[1]: capped_simplex_f64},
-    "magnitude": {_DTYPES[0]: magnitude_f32, _DTYPES[1]: magnitude_f64},
-    "permutahedron": {_DTYPES[0]: permutahedron_f32, _DTYPES[1]: permutahedron_f64},
+    "capped_simplex": {"float32": capped_simplex_f32, "float64": capped_simplex_f64},
+    "magnitude": {"float32": magnitude_f32, "float64": magnitude_f64},
+    "permutahedron": {"float32": permutahedron_f32, "float64": permutahedron_f64},
 }
 
 
@@ -199,7 +199,7 @@ def register_targets() -> None:
   """Registers the PAV kernels' FFI targets with XLA."""
   for family, handlers in HANDLERS.items():
     for dtype, handler in handlers.items():
-      ffi.register(_TARGET.format(family, dtype.name), handler)
+      ffi.register(_TARGET.format(family, dtype), handler)
 
 
 # -- the JAX side -------------------------------------------------------------------
