@@ -26,6 +26,8 @@ pure-JAX solvers derive the same formulas by autodiff (the tests compare them).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import carray, cfunc, njit
 
@@ -196,7 +198,7 @@ def cotangent_f64(frame):
   return _cotangent_call(frame, np.float64(0))
 
 
-HANDLERS = {
+HANDLERS: dict[str, dict[np.dtype, Any]] = {
     "capped_simplex_tangent": {np.dtype(np.float32): tangent_f32, np.dtype(np.float64): tangent_f64},
     "capped_simplex_cotangent": {np.dtype(np.float32): cotangent_f32,
                                  np.dtype(np.float64): cotangent_f64},

@@ -39,6 +39,7 @@ of entries are left to the caller (the problem's ``bracket`` answers them).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import carray, cfunc, njit
@@ -51,7 +52,7 @@ KINDS = {"pnorm": PNORM, "exp": ENTROPY, "sigmoid": SIGMOID, "laplace": LAPLACE}
 _SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quickselect
 _MAXITER = 200
 _LOWEST = -np.finfo(np.float64).max
-_OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
+_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
 
 
 @njit(inline="always", **_OPTIONS)
@@ -540,7 +541,7 @@ def capped_simplex_f64(frame):
   return _capped_simplex_call(frame, np.float64(0))
 
 
-HANDLERS = {"capped_simplex": {np.dtype(np.float32): capped_simplex_f32,
+HANDLERS: dict[str, dict[np.dtype, Any]] = {"capped_simplex": {np.dtype(np.float32): capped_simplex_f32,
                                np.dtype(np.float64): capped_simplex_f64}}
 
 
