@@ -24,12 +24,24 @@ from implicit_topk.solvers import (DykstraSolver, NativeSolver, OptStep, PAVSolv
 from implicit_topk.sparse_softmax import sparse_softmax
 from implicit_topk.kernels.ffi import export_safety_checks
 from implicit_topk.solvers.native import register_targets as _register_native_targets
-from implicit_topk.kernels.pav_ffi import register_targets as _register_pav_targets
 
-# The compiled CPU kernels are XLA custom calls found by name: registered at import, so
-# that a function exported with jax.export runs in any process that imports the package.
+
+def register_kernels() -> None:
+  """Registers every compiled CPU kernel with XLA, compiling those not yet compiled.
+
+  The default solver's kernels (``solver="native"``) are registered at import; those
+  of ``solver="pav"`` on their first use (a cold numba cache takes about a minute).
+  A process that runs an exported function calling ``solver="pav"`` without having
+  used it calls this first.
+  """
+  from implicit_topk.kernels import pav_ffi
+  _register_native_targets()
+  pav_ffi.register_targets()
+
+
+# The default solver's kernels are XLA custom calls found by name: registered at import,
+# so that an exported function calling them runs in any process that imports the package.
 _register_native_targets()
-_register_pav_targets()
 
 __version__ = "0.2.0"  # the one source of the version (pyproject.toml reads it)
 
@@ -42,5 +54,5 @@ __all__ = [
     "losses", "baselines", "problems",
     "Regularizer", "PNorm", "Entropy", "BinaryEntropy", "Laplace",
     "PAVSolver", "ThresholdSolver", "DykstraSolver", "NativeSolver", "OptStep", "RootState",
-    "export_safety_checks",
+    "export_safety_checks", "register_kernels",
 ]

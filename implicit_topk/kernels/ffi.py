@@ -309,7 +309,17 @@ def export_safety_checks() -> list:
   the safe pairing.
   """
   from jax import export
-  return [export.DisabledSafetyCheck.custom_call(name) for name in registered_targets()]
+  names = sorted(_DECLARED | _REGISTERED)
+  return [export.DisabledSafetyCheck.custom_call(name) for name in names]
+
+
+_DECLARED: set = set()
+
+
+def declare(*names: str) -> None:
+  """Declares target names before their kernels are compiled and registered (so that
+  :func:`export_safety_checks` names them even before their first use)."""
+  _DECLARED.update(names)
 
 
 def call(name: str, results: Sequence[jax.ShapeDtypeStruct], *args, **attributes) -> Any:

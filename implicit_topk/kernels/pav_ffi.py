@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
 from implicit_topk.kernels import ffi
 from implicit_topk.kernels.isotonic_pav import KINDS, _select
@@ -35,6 +35,8 @@ from implicit_topk.kernels.pav_permutahedron import permutahedron_rows
 
 _TARGET = "implicit_topk_pav_{}_{}"
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+ffi.declare(*(_TARGET.format(family, dtype.name)
+              for family in ("capped_simplex", "magnitude", "permutahedron") for dtype in _DTYPES))
 _A, _K, _P, _W, _X = (ord(c) for c in "akpwx")  # the attributes' first letters
 
 _BAD_THRESHOLD = ffi.message(
@@ -83,26 +85,6 @@ def _threshold_call(frame, sample, rows_fn):
   if rows_fn(x, k, l, kind, _float_attribute(a_at), _float_attribute(pm1_at), lam) != 0:
     return ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
   return ffi.null()
-
-
-@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
-def capped_simplex_f32(frame):
-  return _threshold_call(frame, np.float32(0), capped_rows)
-
-
-@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
-def capped_simplex_f64(frame):
-  return _threshold_call(frame, np.float64(0), capped_rows)
-
-
-@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
-def magnitude_f32(frame):
-  return _threshold_call(frame, np.float32(0), magnitude_rows)
-
-
-@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
-def magnitude_f64(frame):
-  return _threshold_call(frame, np.float64(0), magnitude_rows)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -177,27 +159,14 @@ def _permutahedron_call(frame, sample):
   return ffi.null()
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
-def permutahedron_f32(frame):
-  return _permutahedron_call(frame, np.float32(0))
-
-
-@cfunc(ffi.HANDLER_SIGNATURE, cache=True, error_model="numpy")
-def permutahedron_f64(frame):
-  return _permutahedron_call(frame, np.float64(0))
-
-
-#: family -> dtype name -> handler.
-HANDLERS = {
-    "capped_simplex": {"float32": capped_simplex_f32, "float64": capped_simplex_f64},
-    "magnitude": {"float32": magnitude_f32, "float64": magnitude_f64},
-    "permutahedron": {"float32": permutahedron_f32, "float64": permutahedron_f64},
-}
-
-
 def register_targets() -> None:
-  """Registers the PAV kernels' FFI targets with XLA."""
-  for family, handlers in HANDLERS.items():
+  """Registers the PAV kernels' FFI targets with XLA, compiling them on the first call
+  (:mod:`implicit_topk.kernels.pav_handlers`; about a minute on a cold numba cache, so
+  not at import: the first use of ``solver="pav"`` does it, and
+  :func:`implicit_topk.register_kernels` does it for a process that runs an exported
+  function calling them)."""
+  from implicit_topk.kernels import pav_handlers
+  for family, handlers in pav_handlers.HANDLERS.items():
     for dtype, handler in handlers.items():
       ffi.register(_TARGET.format(family, dtype), handler)
 
@@ -217,6 +186,7 @@ def _threshold(family, select, x, k, l, p):
   compute = _kernel_dtype(dtype)
   rows = x.shape[:-1]
   per_row = lambda v: jnp.broadcast_to(jnp.asarray(v, compute), rows)
+  register_targets()
   (lam,) = ffi.call(_TARGET.format(family, compute.name), (jax.ShapeDtypeStruct(rows, compute),),
                     x.astype(compute), per_row(k), per_row(l), **_attributes(*select(p)))
   return lam.astype(dtype)
@@ -247,6 +217,7 @@ def permutahedron_blocks(x, w, l, p, dtype):
   results = ((jax.ShapeDtypeStruct(shape, compute), ints) + (ints, ints) * (x is not None)
              + (ints,) * (w is not None))
   kind, a, pm1 = _select(p)
+  register_targets()
   out = ffi.call(_TARGET.format("permutahedron", compute.name), results, *given,
                  l.astype(compute), xsort=np.int32(x is not None),
                  wsort=np.int32(w is not None), **_attributes(kind, a, pm1))
