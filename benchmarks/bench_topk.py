@@ -18,7 +18,7 @@ jitted step pays it: the op chained N times inside one jit (``lax.fori_loop``, e
 output feeding the next input: ``z + 1e-3 * op(z)`` for the hard mask,
 ``z + 1e-3 * grad(sum(soft(z) * w))(z)`` for the soft ones), time / N, with
 N = ``--chain`` (default 50) for cells up to 1e6 entries and proportionally fewer (at
-least 5) above. Any solver name is accepted (``--solvers auto,threshold,pav,native,pallas``);
+least 5) above. Any solver name of the library is accepted (``--solvers auto,threshold,pav,native,pallas``);
 one the library does not know is recorded as an error, and ``pallas`` is skipped on a
 CPU backend (Pallas interpret mode there is a test path: its timings mean nothing).
 
@@ -533,8 +533,12 @@ def parse_args(argv=None):
   if opts.chain < 1:
     ap.error("--chain must be >= 1")
   solvers = [s.strip() for s in opts.solvers.split(",") if s.strip()]
-  # The default solvers in their usual order, then any other name as given (a name the
-  # library does not know is recorded as an error in its cells).
+  from implicit_topk import solvers as library_solvers
+  known = ("auto", *library_solvers.SOLVERS)
+  unknown = [s for s in solvers if s not in known]
+  if unknown:
+    ap.error(f"--solvers: unknown {unknown}; choose from {sorted(known)}")
+  # The default solvers in their usual order, then the others as given.
   opts.solvers = [s for s in ALL_SOLVERS if s in solvers] + [
       s for s in dict.fromkeys(solvers) if s not in ALL_SOLVERS]
   return opts

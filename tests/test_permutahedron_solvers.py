@@ -16,6 +16,7 @@ from jax import export
 from jax.test_util import check_grads
 from scipy import optimize
 
+import implicit_topk as itk
 from implicit_topk import permutahedron as perm
 from implicit_topk import regularizers
 from implicit_topk.solvers import isotonic
@@ -381,10 +382,15 @@ def _check_export(f, x):
   _close(exported.call(x), grad(x))
 
 
-def test_the_host_solver_does_not_export():
+def test_the_pav_solver_exports_with_the_safety_checks_named():
+  # A custom call: jax.export refuses it by default and serializes it when told.
   x = jnp.ones((2, 5))
-  with pytest.raises(Exception, match="callback"):
-    export.export(jax.jit(lambda z: perm.soft_rank(z, solver="pav")))(x).serialize()
+  f = jax.jit(lambda z: perm.soft_rank(z, solver="pav"))
+  with pytest.raises(Exception, match="custom calls"):
+    export.export(f)(x).serialize()
+  exported = export.deserialize(
+      export.export(f, disabled_checks=itk.export_safety_checks())(x).serialize())
+  _close(exported.call(x), f(x))
 
 
 SHARD_MAP_SCRIPT = textwrap.dedent("""

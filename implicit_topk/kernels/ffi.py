@@ -334,14 +334,24 @@ def call(name: str, results: Sequence[jax.ShapeDtypeStruct], *args, **attributes
   if name not in _REGISTERED:
     raise RuntimeError(f"The native kernel {name!r} is not registered (import implicit_topk).")
   avals = tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in results)
-  outs = _native_call.bind(*args, target=name, results=avals,
-                           attributes=tuple(sorted(attributes.items())))
-  return tuple(varying_like(out, args) for out in outs)
+  return tuple(_native_call.bind(*args, target=name, results=avals,
+                                 attributes=tuple(sorted(attributes.items()))))
 
 
 def _abstract_eval(*args, target, results, attributes):
-  del args, target, attributes
-  return results
+  """The results' avals, typed (inside ``shard_map``) as varying over the mesh axes the
+  most varying argument varies over: one value per shard, as the kernel computes them
+  (a cast after the call would transpose to a sum over devices)."""
+  del target, attributes
+  base = max(args, key=lambda a: len(_aval_axes(a)), default=None)
+  if base is None or not _aval_axes(base):
+    return results
+  return tuple(base.update(shape=r.shape, dtype=r.dtype, weak_type=False) for r in results)
+
+
+def _aval_axes(aval) -> frozenset:
+  mat = getattr(aval, "mat", None)
+  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
 
 
 def _lowering(ctx, *operands, target, results, attributes):
@@ -430,7 +440,7 @@ def linear_call(name: str, transpose_name: str, results, transposed, primals, ta
                            results=avals(results), transposed=avals(transposed),
                            attributes=tuple(sorted(attributes.items())),
                            num_primals=len(primals), reference=reference)
-  return tuple(varying_like(out, (*primals, *tangents)) for out in outs)
+  return tuple(outs)
 
 
 class _Transposed:
@@ -474,7 +484,9 @@ def _linear_jvp(primals, tangents, *, reference, **_):
 
 _linear_call = jax.extend.core.Primitive("implicit_topk_native_linear_call")
 _linear_call.multiple_results = True
-_linear_call.def_abstract_eval(lambda *args, results, **_: results)
+_linear_call.def_abstract_eval(
+    lambda *args, results, **params: _abstract_eval(*args, target=None, results=results,
+                                                    attributes=None))
 _linear_call.def_impl(lambda *args, **params: jax.jit(
     functools.partial(_linear_call.bind, **params))(*args))
 mlir.register_lowering(_linear_call, mlir.lower_fun(_linear_impl, multiple_results=True),
@@ -482,24 +494,3 @@ mlir.register_lowering(_linear_call, mlir.lower_fun(_linear_impl, multiple_resul
 batching.primitive_batchers[_linear_call] = _batched(_linear_call, "results", "transposed")
 ad.primitive_transposes[_linear_call] = _linear_transpose
 ad.primitive_jvps[_linear_call] = _linear_jvp
-
-
-def varying_like(out, args):
-  """``out`` marked as varying over every ``shard_map`` axis its inputs vary over.
-
-  Inside ``shard_map`` (``check_vma=True``, the default) the result of a custom call
-  or a host callback is typed as invariant; the derivative rules then compare it with
-  the (varying) inputs, which JAX refuses. The cast makes its type what it is: one
-  value per shard.
-  """
-  varying = frozenset().union(*(_varying_axes(a) for a in args))
-  missing = tuple(sorted(varying - _varying_axes(out)))
-  return jax.lax.pcast(out, missing, to="varying") if missing else out
-
-
-def _varying_axes(value) -> frozenset:
-  """The ``shard_map`` axes ``value`` varies over (``.mat.varying`` in JAX >= 0.9,
-  ``.vma`` before); empty outside ``shard_map``."""
-  aval = jax.typeof(value)
-  mat = getattr(aval, "mat", None)
-  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
