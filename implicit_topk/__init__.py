@@ -33,6 +33,12 @@ def register_kernels() -> None:
   of ``solver="pav"`` on their first use (a cold numba cache takes about a minute).
   A process that runs an exported function calling ``solver="pav"`` without having
   used it calls this first.
+
+  Example:
+    >>> import implicit_topk as itk
+    >>> itk.register_kernels()
+    >>> "implicit_topk_pav_capped_simplex_float32" in itk.kernels.ffi.registered_targets()
+    True
   """
   from implicit_topk.kernels import pav_ffi
   _register_native_targets()

@@ -307,6 +307,15 @@ def export_safety_checks() -> list:
   name in the process that runs the exported function, which registers them by
   importing ``implicit_topk``; the same version of the package on both sides is
   the safe pairing.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import implicit_topk as itk
+    >>> f = jax.jit(lambda x: itk.soft_topk_mask(x, 1.5))
+    >>> x = jnp.array([[3.0, 1.0, 2.0]])
+    >>> exported = jax.export.export(f, disabled_checks=itk.export_safety_checks())(x)
+    >>> jax.export.deserialize(exported.serialize()).call(x)
+    Array([[1. , 0. , 0.5]], dtype=float32)
   """
   from jax import export
   names = sorted(_DECLARED | _REGISTERED)
