@@ -134,7 +134,11 @@ def route(variant, scores, segment_ids, *, k, l):
   tokens, experts = scores.shape
   c = tokens * k / experts
   if variant == "expert choice, soft":
-    return itk.soft_topk_mask(scores.T, c, regularization_strength=l, axis=-1)
+    # The token axis is split over devices under jit with automatic sharding, which the
+    # default solver cannot see when it is chosen: the threshold solver reduces across
+    # devices (one all-reduce of a few scalars per Newton pass) instead of gathering.
+    return itk.soft_topk_mask(scores.T, c, regularization_strength=l, axis=-1,
+                              solver="threshold")
   if variant == "expert choice, soft, per sequence":
     lengths = jax.ops.segment_sum(jnp.ones_like(segment_ids, scores.dtype), segment_ids,
                                   num_segments=SEQUENCES)
