@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# the tests share the module's benchmark runs: one worker runs them all (pyproject:
+# --dist loadgroup), so each benchmark runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench_matrix")]
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench_topk.py"

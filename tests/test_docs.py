@@ -87,7 +87,10 @@ def doctest_results():
   return json.loads(lines[-1][len("DOCTEST-RESULTS "):])
 
 
+# One worker runs every case (pyproject: --dist loadgroup): the fixture runs the doctests
+# of all modules in one subprocess, which a second worker would repeat.
 @pytest.mark.slow
+@pytest.mark.xdist_group("doctest")
 @pytest.mark.parametrize("module_name", MODULES)
 def test_docstring_examples(module_name, doctest_results):
   result = doctest_results[module_name]

@@ -15,6 +15,10 @@ import implicit_topk as itk
 from implicit_topk import compat
 from implicit_topk.solvers.dykstra import isotonic_dykstra, isotonic_dykstra_unrolled
 
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions, which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_dykstra")
+
 
 def _rows(seed, shape, ties=False):
   x = np.random.default_rng(seed).normal(size=shape)

@@ -5,7 +5,9 @@ import runpy
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# every test reads the `records` fixture: one worker runs them all (pyproject: --dist
+# loadgroup), so the study runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("implicit_vs_unrolled")]
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "implicit_vs_unrolled.py"
 

@@ -29,6 +29,9 @@ def bilevel(tmp_path_factory):
   return module.main(["--quick", "--out", str(out)]), out
 
 
+# The two tests of the `bilevel` fixture run on one worker (pyproject: --dist loadgroup),
+# so the example runs once.
+@pytest.mark.xdist_group("bilevel")
 def test_bilevel_hypergradient_matches_finite_differences(bilevel):
   result, _ = bilevel
   rows = {r["method"][:3]: r for r in result["gradcheck"]}
@@ -42,6 +45,7 @@ def test_bilevel_hypergradient_matches_finite_differences(bilevel):
     assert math.isfinite(r["rel_err_all"]) and r["time_ms"] > 0
 
 
+@pytest.mark.xdist_group("bilevel")
 def test_bilevel_beats_univariate_selection(bilevel):
   result, out = bilevel
   fixed = result["fixed_k"]

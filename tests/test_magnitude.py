@@ -26,6 +26,10 @@ import implicit_topk as itk
 from implicit_topk import compat
 from implicit_topk import problems
 
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions, which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_magnitude")
+
 jax.config.update("jax_enable_x64", True)
 
 SOLVERS = ("pav", "threshold")

@@ -15,6 +15,10 @@ from scipy import optimize, stats
 import implicit_topk as itk
 from implicit_topk import permutahedron as perm
 
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions, which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_permutahedron")
+
 REGULARIZERS = [("p2", dict(p=2.0)), ("p4/3", dict(p=4 / 3)), ("p3", dict(p=3.0)),
                 ("entropy", dict(regularizer="entropy"))]
 # p2 in the fast suite, the others in the slow group

@@ -27,6 +27,10 @@ from hypothesis.extra import numpy as hnp
 
 import implicit_topk as itk
 
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions, which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_properties")
+
 jax.config.update("jax_enable_x64", True)  # also done in conftest.py; harmless twice
 
 SOLVERS = ("threshold", "pav")

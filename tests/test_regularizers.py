@@ -14,6 +14,10 @@ from scipy import optimize, special
 import implicit_topk as itk
 from implicit_topk import regularizers
 
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions, which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_regularizers")
+
 # Independent numpy links y = clip(g(z), 0, 1), written from the formulas, not the library.
 NUMPY_MASKS = {
     "entropy": lambda z: np.minimum(1.0, np.exp(np.minimum(z, 0.0))),

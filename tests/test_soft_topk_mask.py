@@ -11,6 +11,10 @@ from scipy import optimize
 
 import implicit_topk as itk
 
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions, which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_soft_topk_mask")
+
 SOLVERS = ["pav", "threshold"]
 PS = [4 / 3, 1.5, 2.0, 3.0]
 

@@ -29,6 +29,10 @@ from absl.testing import parameterized
 
 import implicit_topk as itk
 
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions, which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_transforms")
+
 jax.config.update("jax_enable_x64", True)
 
 SOLVERS = ("threshold", "pav")
@@ -134,8 +138,12 @@ def _start_sharding_subprocess():
 
 @pytest.fixture(scope="module", autouse=True)
 def _sharding_process(request):
-  """Starts the sharding subprocess at once if its test was selected."""
-  selected = any(item.name == _SHARDING_TEST for item in request.session.items)
+  """Starts the sharding subprocess at once if its test was selected, in a serial run (it
+  overlaps the module's other tests). Under pytest-xdist every worker collects every test
+  but only one runs it, so there the test starts the subprocess itself (an eager start
+  here would run it in every worker)."""
+  serial = not hasattr(request.config, "workerinput")
+  selected = serial and any(item.name == _SHARDING_TEST for item in request.session.items)
   proc = _start_sharding_subprocess() if selected else None
   yield proc
   if proc is not None and proc.poll() is None:
@@ -623,8 +631,7 @@ def test_solver_objects(solver):
 
 @pytest.mark.slow
 def test_sharded_batch_matches_unsharded(_sharding_process):
-  proc = _sharding_process
-  assert proc is not None
+  proc = _sharding_process if _sharding_process is not None else _start_sharding_subprocess()
   try:
     stdout, stderr = proc.communicate(timeout=300)
   except subprocess.TimeoutExpired:
