@@ -166,6 +166,7 @@ def test_default_mask_under_shard_map_and_export():
 
 @pytest.mark.slow
 def test_every_operator_under_shard_map_and_export():
-  report = _run_transforms()
-  # 18 operators x (forward, grad) x (shard_map, export)
-  assert "FAIL " not in report and report.count("OK  ") == 72, report
+  # soft_topk_mask's four checks are the default run's (the test above)
+  report = _run_transforms("-soft_topk_mask")
+  # the other 17 operators x (forward, grad) x (shard_map, export)
+  assert "FAIL " not in report and report.count("OK  ") == 68, report

@@ -45,6 +45,9 @@ import references as R
 jax.config.update("jax_enable_x64", True)
 
 slow = pytest.mark.slow
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions (the operators at each n, p and dtype), which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_fuzz")
 
 
 def slow_param(*values, **kw):
@@ -53,9 +56,21 @@ def slow_param(*values, **kw):
 
 
 _HC = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
+# Example counts. The derandomized profile (conftest.py) draws the same examples on every
+# run, so a count is the size of a fixed sample; HYPOTHESIS_PROFILE=explore hunts for new
+# failures. The sweeps that found bugs keep their counts: SLOW for test_mask_sweep_regularizers
+# (the sigmoid row far below its scale, the all-equal sigmoid row) and
+# test_mask_nonfinite_sweep, SLOW_FEW for test_mask_hard_limit (l equal to the gap),
+# test_mag_jvp_vs_finite_differences (entries just above lam), test_mask_near_float_max
+# and test_shift_invariance_far_rows_sweep (CI failures, issue 15 F3a), and their cases are
+# deterministic tests now (test_found_*, test_mag_jvp_near_the_threshold). The other
+# sweeps check half as many (SWEEP, SWEEP_FEW): the same strategies, the first half of
+# the same derandomized sample (the decorator is not part of Hypothesis' seed).
 FAST = settings(max_examples=10, deadline=None, suppress_health_check=_HC, print_blob=True)
 SLOW = settings(max_examples=100, deadline=None, suppress_health_check=_HC, print_blob=True)
 SLOW_FEW = settings(max_examples=40, deadline=None, suppress_health_check=_HC, print_blob=True)
+SWEEP = settings(max_examples=50, deadline=None, suppress_health_check=_HC, print_blob=True)
+SWEEP_FEW = settings(max_examples=25, deadline=None, suppress_health_check=_HC, print_blob=True)
 
 U64 = np.finfo(np.float64).eps / 2  # unit roundoff of float64
 U32 = np.finfo(np.float32).eps / 2
@@ -252,7 +267,7 @@ def test_fast_mask_regularizers_vs_reference(reg, data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
 def test_mask_sweep_pnorm(solver, data):
@@ -466,7 +481,7 @@ def test_fast_mask_float32(data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 @pytest.mark.parametrize("dtype", list(_DTYPES))
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
@@ -508,7 +523,7 @@ def test_mask_3d_each_axis(data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 @pytest.mark.parametrize("op", ["mask_pav", "mask_entropy", "mag_threshold", "mag_pav"])
 def test_3d_each_axis_sweep(op, data):
@@ -592,7 +607,7 @@ def test_fast_mask_shift_and_scale(reg, data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
 def test_mask_invariances_sweep(solver, data):
@@ -652,7 +667,7 @@ def test_fast_mask_jvp_vs_finite_differences(solver, ps, data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
 def test_mask_jvp_sweep(solver, data):
@@ -720,7 +735,7 @@ def test_fast_mag_vs_reference(solver, data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
 def test_mag_sweep(solver, data):
@@ -739,7 +754,7 @@ def test_mag_sweep(solver, data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 @pytest.mark.parametrize("solver", ["threshold", "pav"])
 def test_mag_properties(solver, data):
@@ -920,7 +935,7 @@ def test_fast_soft_sort_rank_vs_reference(data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 @pytest.mark.parametrize("solver", ["auto", "pav"])
 @pytest.mark.parametrize("op", ["sort", "rank", "argmax"])
@@ -965,7 +980,7 @@ def test_permutahedron_sweep(op, solver, data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 def test_quantile_topk_values_and_limits(data):
   n = data.draw(st.sampled_from((2, 5, 16)), label="n")
@@ -996,7 +1011,7 @@ def test_quantile_topk_values_and_limits(data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 def test_permutahedron_invariances(data):
   """rank(x + c) = rank(x); rank(c x, c l) = rank(x, l); p = 2: sort(x + c) = sort(x) + c;
@@ -1019,7 +1034,7 @@ def test_permutahedron_invariances(data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 @pytest.mark.parametrize("solver", ["auto", "pav"])
 def test_permutahedron_jvp_vs_finite_differences(solver, data):
@@ -1070,7 +1085,7 @@ def test_fast_grad_topk_vs_brute_force(data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 def test_grad_topk_sweep(data):
   """Brute force over k-subsets; n in {2, 5, 9}; spreads |x|/l up to 1e3 (the docstring's
@@ -1098,7 +1113,7 @@ def test_grad_topk_sweep(data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 def test_grad_topk_jvp_and_properties(data):
   n = 5
@@ -1117,7 +1132,7 @@ def test_grad_topk_jvp_and_properties(data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 @pytest.mark.parametrize("variant", ["logits", "weighted"])
 def test_iterative_softmax_vs_decimal(variant, data):
@@ -1143,7 +1158,7 @@ def test_fast_sparse_softmax_vs_brute_force(data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 def test_sparse_softmax_sweep(data):
   _sparse_softmax_case(data, ns=(1, 2, 5, 9), nonfinite=True, scales=True)
@@ -1193,7 +1208,7 @@ def test_fenchel_young_loss_pnorm(data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 def test_fenchel_young_loss_sweep(data):
   _fy_case(data, regs=(None, "entropy", "sigmoid", "laplace"), ps=(1.5, 4.0 / 3.0, 2.0, 3.0))
@@ -1233,7 +1248,7 @@ def test_fast_smooth_topk_svm_loss(data):
 
 
 @slow
-@SLOW
+@SWEEP
 @given(data=st.data())
 def test_smooth_topk_svm_loss_sweep(data):
   _svm_case(data, ns=(2, 5, 8), modes=("smooth", "smooth_hard"), grads=True)
@@ -1281,7 +1296,7 @@ def test_fast_soft_error_loss(data):
 
 
 @slow
-@SLOW_FEW
+@SWEEP_FEW
 @given(data=st.data())
 def test_topk_cross_entropy_vs_reference(data):
   n = data.draw(st.sampled_from((4, 6)), label="n")

@@ -21,6 +21,10 @@ from implicit_topk import permutahedron as perm
 from implicit_topk import regularizers
 from implicit_topk.solvers import isotonic
 
+# One worker runs this module (pyproject: --dist loadgroup): its tests share compiled
+# functions, which a second worker would compile again.
+pytestmark = pytest.mark.xdist_group("test_permutahedron_solvers")
+
 def fast_only(values, *fast):
   """Parameters for a parametrization whose values outside ``fast`` are in the slow group
   (a test case is slow when any of its parameters is): the default run keeps one or two
@@ -393,17 +397,16 @@ def test_the_pav_solver_exports_with_the_safety_checks_named():
   _close(exported.call(x), f(x))
 
 
+# The default calls of soft_sort, soft_rank, soft_quantile and soft_topk_values on these
+# (4, 7) float32 rows (PRNGKey(0)), forward and grad, are checked under the same shard_map
+# by tests/transforms_check.py (test_edges_and_transforms.py, to a tighter atol); this
+# script keeps what it does not run: argmax with p = 1.5, the entropy, and long rows.
 SHARD_MAP_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from implicit_topk import permutahedron as perm
     assert len(jax.devices()) >= 2, jax.devices()
     OPERATORS = {
-        "soft_sort": lambda z: perm.soft_sort(z),
-        "soft_rank": lambda z: perm.soft_rank(z),
-        "soft_quantile": lambda z: perm.soft_quantile(z, 0.5)[..., None] * jnp.ones_like(z),
-        "soft_topk_values": lambda z: jnp.sum(perm.soft_topk_values(z, 2), -1,
-                                              keepdims=True) * jnp.ones_like(z),
         "permutahedron_argmax": lambda z: perm.permutahedron_argmax(
             z, jnp.broadcast_to(jnp.arange(7.0), z.shape), p=1.5),
         "soft_rank_entropy": lambda z: perm.soft_rank(z, regularizer="entropy"),
@@ -435,7 +438,7 @@ def test_default_calls_under_shard_map_on_two_host_devices():
   result = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=1200)
   assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-  assert result.stdout.count("OK") == 16, result.stdout
+  assert result.stdout.count("OK") == 8, result.stdout
 
 
 @pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices (the subprocess test "

@@ -3,8 +3,8 @@
 
 Run as a script (``tests/test_edges_and_transforms.py`` does, in a subprocess): host
 devices must be configured before JAX starts. ``python tests/transforms_check.py
-[name ...]`` checks the named operators only; it prints one line per check and exits 1
-if any failed.
+[name ...]`` checks the named operators only, ``-name`` every operator but that one; it
+prints one line per check and exits 1 if any failed.
 """
 
 import os
@@ -96,5 +96,15 @@ def main(names):
   return 1 if failed else 0
 
 
+def _selected(args):
+  """The named operators, or every operator but those named with a leading '-'."""
+  named = [a for a in args if not a.startswith("-")]
+  skipped = {a[1:] for a in args if a.startswith("-")}
+  unknown = (set(named) | skipped) - set(OPERATORS)
+  if unknown:
+    raise SystemExit(f"unknown operators: {sorted(unknown)}")
+  return named or [name for name in OPERATORS if name not in skipped]
+
+
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:] or list(OPERATORS)))
+  sys.exit(main(_selected(sys.argv[1:])))
