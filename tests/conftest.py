@@ -6,9 +6,11 @@ that gates a merge must not pass or fail by luck); ``HYPOTHESIS_PROFILE=explore`
 fresh random examples on each run, to hunt for new failures.
 """
 
+import gc
 import os
 
 import jax
+import pytest
 from hypothesis import settings
 
 jax.config.update("jax_enable_x64", True)
@@ -16,6 +18,35 @@ jax.config.update("jax_enable_x64", True)
 settings.register_profile("derandomized", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
+
+
+# Every executable XLA compiles for the CPU keeps about three memory mappings (its JIT
+# code and data) until JAX's caches drop it, and JAX caches every jitted function and
+# every eager operation it has compiled. A test worker that runs a few thousand tests
+# (the slow group: hypothesis sweeps compile at each new shape) reaches Linux's limit of
+# 65,530 mappings per process (vm.max_map_count), after which XLA's next compilation
+# cannot map its code and the worker dies with a segmentation fault inside
+# ``backend_compile_and_load``. Seen twice at 93% of the slow group, once in CI. The
+# caches are cleared when a test leaves the process above this many mappings.
+_MAPPINGS_LIMIT = 20_000
+
+
+def _memory_mappings():
+  """The number of memory mappings of this process (None where /proc is absent)."""
+  try:
+    with open("/proc/self/maps", "rb") as maps:
+      return maps.read().count(b"\n")
+  except OSError:
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_code():
+  yield
+  mappings = _memory_mappings()
+  if mappings is not None and mappings > _MAPPINGS_LIMIT:
+    jax.clear_caches()
+    gc.collect()
 
 
 # The default run (README: `python -m pytest -q`) checks the default solvers. The numba

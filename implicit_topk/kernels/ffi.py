@@ -63,9 +63,9 @@ _BUFFER_DTYPE, _BUFFER_DATA, _BUFFER_RANK, _BUFFER_DIMS = 16, 24, 32, 40
 _API_ERROR_CREATE = 48
 # XLA_FFI_Extension_Base: struct_size, type, next; the metadata extension adds a
 # pointer to XLA_FFI_Metadata {struct_size, api_version{struct_size, extension_start,
-# major, minor}, traits, ...}.
+# major, minor}, traits (uint32 at 32), state_type_id, ...}.
 _EXTENSION_TYPE, _EXTENSION_METADATA = 8, 24
-_METADATA_MAJOR, _METADATA_MINOR, _METADATA_TRAITS = 24, 28, 40
+_METADATA_MAJOR, _METADATA_MINOR, _METADATA_TRAITS = 24, 28, 32
 
 #: The signature of every handler: XLA_FFI_Error* (XLA_FFI_CallFrame*).
 HANDLER_SIGNATURE = types.voidptr(types.voidptr)
