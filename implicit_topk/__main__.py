@@ -123,6 +123,12 @@ def _figure_strength(args) -> float:
 
 def _cmd_figure(args):
   strength = _figure_strength(args)
+  try:
+    import matplotlib  # noqa: F401  (the figure's only dependency beyond the library's)
+  except ImportError:
+    print("implicit-topk figure: needs matplotlib, which is not installed: "
+          "pip install matplotlib (or pip install \"implicit-topk[bench]\")", file=sys.stderr)
+    return 2
   import jax
   jax.config.update("jax_enable_x64", True)
   from implicit_topk import figure

@@ -29,6 +29,26 @@ def as_float_input(x: ArrayLike, name: str = "x") -> jax.Array:
   return x
 
 
+def shown(value: Any) -> str:
+  """A value as a user would write it in an error message: NumPy and JAX scalars as
+  plain numbers (``2``, not ``np.int64(2)``), small arrays as nested lists, larger ones
+  by shape, dtype and first entries; anything else by its ``repr``."""
+  if isinstance(value, (str, bytes, bool, numbers.Number)) and not isinstance(value, np.generic):
+    return repr(value)
+  try:
+    array = np.asarray(value)
+  except Exception:  # pylint: disable=broad-except
+    return repr(value)
+  if array.dtype == object:
+    return repr(value)
+  if array.ndim == 0:
+    return repr(array.item())
+  if array.size <= 8:
+    return repr(array.tolist())
+  head = ", ".join(repr(v) for v in array.ravel()[:4].tolist())
+  return f"an array of shape {array.shape} and dtype {array.dtype} ({head}, ...)"
+
+
 def compute_dtype(dtype: Any) -> np.dtype:
   """float32/float64 compute in their own precision; half types in float32."""
   dtype = jnp.dtype(dtype)
@@ -40,7 +60,7 @@ def compute_dtype(dtype: Any) -> np.dtype:
 def canonicalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
   """Maps a possibly negative ``axis`` into [0, ndim), or raises ValueError."""
   if not isinstance(axis, numbers.Integral) or isinstance(axis, bool):
-    raise TypeError(f"`{name}` must be an int; got {axis!r}.")
+    raise TypeError(f"`{name}` must be an int; got {shown(axis)} ({type(axis).__name__}).")
   if not -ndim <= axis < ndim:
     raise ValueError(
         f"`{name}`={axis} is out of range for an input with {ndim} dimension(s); "
@@ -77,18 +97,18 @@ def check_k(k: ArrayLike, n: int, *, integer: bool = False, allow_zero: bool = T
   """
   if integer and not (isinstance(k, numbers.Integral) and not isinstance(k, bool)):
     raise TypeError(f"`{name}` must be a Python int here (it fixes a static size); "
-                    f"got {k!r}.")
+                    f"got {shown(k)} ({type(k).__name__}).")
   value = _concrete(k)
   if value is None:
     return
   if not np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.complexfloating):
-    raise TypeError(f"`{name}` must be a real number; got {k!r}.")
+    raise TypeError(f"`{name}` must be a real number; got {shown(k)}.")
   low_ok = value >= 0 if allow_zero else value > 0
   high_ok = value <= n if allow_n else value < n
   if not np.all(low_ok & high_ok):
     bound = f"0 {'<=' if allow_zero else '<'} {name} {'<=' if allow_n else '<'} n"
     raise ValueError(f"`{name}` must satisfy {bound} with n={n} (the size of the reduced "
-                     f"axis); got {k!r}.")
+                     f"axis); got {shown(k)}.")
 
 
 def check_k_per_row(k: ArrayLike, counts: Any, what: str, name: str = "k") -> None:
@@ -107,15 +127,15 @@ def check_k_per_row(k: ArrayLike, counts: Any, what: str, name: str = "k") -> No
     index = tuple(int(i) for i in np.argwhere(bad)[0])
     raise ValueError(
         f"`{name}` must satisfy 0 <= {name} <= {what}; at index {index} {name} = "
-        f"{value[index]!r} but the bound is {int(counts[index])}.")
+        f"{shown(value[index])} but the bound is {int(counts[index])}.")
 
 
 def check_count(value: Any, name: str) -> int:
   """Checks a static count: a Python int >= 1."""
   if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
-    raise TypeError(f"`{name}` must be a Python int (it fixes a static shape); got {value!r}.")
+    raise TypeError(f"`{name}` must be a Python int (it fixes a static shape); got {shown(value)} ({type(value).__name__}).")
   if value < 1:
-    raise ValueError(f"`{name}` must be >= 1; got {value!r}.")
+    raise ValueError(f"`{name}` must be >= 1; got {shown(value)}.")
   return int(value)
 
 
@@ -125,9 +145,9 @@ def check_positive(value: Any, name: str) -> None:
   if concrete is None:
     return
   if not np.issubdtype(concrete.dtype, np.number):
-    raise TypeError(f"`{name}` must be a positive real number; got {value!r}.")
+    raise TypeError(f"`{name}` must be a positive real number; got {shown(value)}.")
   if not np.all(np.isfinite(concrete) & (concrete > 0)):
-    raise ValueError(f"`{name}` must be finite and > 0; got {value!r}.")
+    raise ValueError(f"`{name}` must be finite and > 0; got {shown(value)}.")
 
 
 def max_strength(dtype: Any) -> float:
@@ -150,7 +170,7 @@ def check_strength(l: Any, dtype: Any, name: str = "regularization_strength") ->
     raise ValueError(
         f"`{name}` must satisfy 0 < {name} < {upper:.4g} (2^{int(np.log2(upper))}: 1 / {name} must "
         f"be a normal {compute_dtype(dtype).name} number) for {jnp.dtype(dtype).name} input; "
-        f"got {l!r}.")
+        f"got {shown(l)}.")
 
 
 def check_p(p: Any) -> float:
@@ -160,15 +180,15 @@ def check_p(p: Any) -> float:
   try:
     p = float(p)
   except (TypeError, ValueError):
-    raise TypeError(f"`p` must be a real number > 1; got {p!r}.") from None
+    raise TypeError(f"`p` must be a real number > 1; got {shown(p)}.") from None
   if not (np.isfinite(p) and p > 1.0):
-    raise ValueError(f"`p` must satisfy 1 < p < inf; got {p!r}.")
+    raise ValueError(f"`p` must satisfy 1 < p < inf; got {shown(p)}.")
   return p
 
 
 def check_choice(value: Any, name: str, choices: Any) -> Any:
   if value not in choices:
-    raise ValueError(f"`{name}` must be one of {sorted(choices)}; got {value!r}.")
+    raise ValueError(f"`{name}` must be one of {sorted(choices)}; got {shown(value)}.")
   return value
 
 
@@ -176,7 +196,7 @@ def check_maxiter(maxiter: Any) -> int:
   """Checks an iteration cap: an int >= 1."""
   if not (isinstance(maxiter, numbers.Integral) and not isinstance(maxiter, bool)
           and int(maxiter) >= 1):
-    raise ValueError(f"`maxiter` must be an int >= 1; got {maxiter!r}.")
+    raise ValueError(f"`maxiter` must be an int >= 1; got {shown(maxiter)}.")
   return int(maxiter)
 
 
@@ -185,9 +205,9 @@ def check_tol(tol: Any) -> float:
   try:
     value = float(tol)
   except (TypeError, ValueError):
-    raise TypeError(f"`tol` must be a real number >= 0; got {tol!r}.") from None
+    raise TypeError(f"`tol` must be a real number >= 0; got {shown(tol)}.") from None
   if not (np.isfinite(value) and value >= 0):
-    raise ValueError(f"`tol` must be finite and >= 0; got {tol!r}.")
+    raise ValueError(f"`tol` must be finite and >= 0; got {shown(tol)}.")
   return value
 
 

@@ -50,7 +50,7 @@ def _check_static_k(k: Any, n: int, op: str) -> int:
   """k must be a Python (or NumPy) int with 0 <= k <= n: it fixes a loop length."""
   if isinstance(k, jax.core.Tracer) or not isinstance(k, numbers.Integral) or isinstance(k, bool):
     raise TypeError(
-        f"`k` must be a static Python int for {op} (it sets the length of a loop); got {k!r}.")
+        f"`k` must be a static Python int for {op} (it sets the length of a loop); got {_validation.shown(k)} ({type(k).__name__}).")
   _validation.check_k(int(k), n)
   return int(k)
 

@@ -127,3 +127,13 @@ def test_operators_without_a_strength_reject_one(fn):
     fn(X, 2, regularization_strength=1.0)  # pylint: disable=unexpected-keyword-arg
   with pytest.raises(TypeError):
     fn(X, 2, l=1.0)  # pylint: disable=unexpected-keyword-arg
+
+
+@pytest.mark.parametrize("k, shown", [(np.int64(5), "got 5."), (np.float32(4.5), "got 4.5."),
+                                      (jnp.array([1.0, 7.0]), "got [1.0, 7.0].")])
+def test_errors_show_numpy_and_jax_values_as_plain_numbers(k, shown):
+  # A user writes k = 5, not np.int64(5): the message shows the value, not its repr.
+  with pytest.raises(ValueError, match=r"0 <= k <= n with n=4") as error:
+    itk.soft_topk_mask(jnp.ones((2, 4)), k)
+  assert str(error.value).endswith(shown)
+  assert "np." not in str(error.value) and "Array(" not in str(error.value)

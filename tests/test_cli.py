@@ -89,6 +89,17 @@ def test_figure(tmp_path, capsys):
   assert str(out) in capsys.readouterr().out
 
 
+def test_figure_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch, capsys):
+  # An installed wheel has no matplotlib unless asked for: a usage error naming the
+  # package, no traceback, no file.
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+  out = tmp_path / "fig.png"
+  assert cli.main(["figure", "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert "needs matplotlib" in err and "pip install matplotlib" in err
+  assert not out.exists()
+
+
 @pytest.mark.slow
 def test_figure_default_in_cwd(tmp_path, monkeypatch, capsys):
   pytest.importorskip("matplotlib")
