@@ -8,6 +8,7 @@ calls with the same shapes and options do not trace or compile again.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable
 
 import jax
@@ -115,6 +116,17 @@ def _hashable(value) -> bool:
   return True
 
 
+def as_parameter(value: ArrayLike, dtype: Any) -> ArrayLike:
+  """``k`` or ``l`` given as a Python or NumPy number or a NumPy array, as a NumPy array of
+  the compute dtype of ``dtype`` (the solvers cast to it anyway); JAX arrays and traced
+  values pass unchanged. The cached ``jax.jit`` then sees one signature for ``k = 2`` and
+  ``k = 2.5``: a Python int and a Python float are different weak types, and an eager
+  call with each would compile the operator twice."""
+  if isinstance(value, (numbers.Number, np.ndarray, np.generic)) and not isinstance(value, bool):
+    return np.asarray(value, _validation.compute_dtype(dtype))
+  return value
+
+
 def check_where(where: ArrayLike | None, x: jax.Array, name: str = "where") -> jax.Array | None:
   """``where`` as a boolean array of the shape of ``x`` (ValueError / TypeError otherwise)."""
   if where is None:
@@ -165,6 +177,7 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
   _validation.check_strength(l, x.dtype, STRENGTH)
   _validation.check_broadcast(k, batch_shape, "k")
   _validation.check_broadcast(l, batch_shape, STRENGTH)
+  k, l = as_parameter(k, x.dtype), as_parameter(l, x.dtype)
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
   return run(x, k, l, where, None, solver=solver, axis=axis, return_info=return_info)
 
@@ -208,6 +221,7 @@ def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: Array
   _validation.check_strength(l, x.dtype, STRENGTH)
   layout = _layout.Segments(num_segments, indices_are_sorted=bool(indices_are_sorted))
   solver = solver.with_layout(layout)
+  k, l = as_parameter(k, x.dtype), as_parameter(l, x.dtype)
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
   return run(x, k, l, None, segment_ids, solver=solver, axis=axis, return_info=return_info)
 
@@ -237,7 +251,15 @@ def tree_operator(solver: Any, tree: Any, k: ArrayLike, l: ArrayLike, *, name: s
     raise ValueError(f"`{name}` must be a pytree with at least one array leaf; got {tree!r}.")
   checked = []
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    leaf = jnp.asarray(leaf)
+    try:
+      leaf = jnp.asarray(leaf)
+    except TypeError:
+      raise TypeError(
+          f"every leaf of `{name}` must be a floating array; the leaf at "
+          f"{jax.tree_util.keystr(path) or '(root)'} is a {type(leaf).__name__}. Pass only "
+          "the arrays to select among, e.g. for an Equinox module "
+          "`params, static = eqx.partition(model, eqx.is_inexact_array)`, then "
+          "`eqx.combine(new_params, static)`.") from None
     if not jnp.issubdtype(leaf.dtype, jnp.floating):
       raise TypeError(f"every leaf of `{name}` must have a floating dtype; the leaf at "
                       f"{jax.tree_util.keystr(path) or '(root)'} has dtype {leaf.dtype}.")
@@ -251,5 +273,7 @@ def tree_operator(solver: Any, tree: Any, k: ArrayLike, l: ArrayLike, *, name: s
   _validation.check_strength(l, min((leaf.dtype for leaf in checked), key=_validation.max_strength),
                              STRENGTH)
   solver = solver.with_layout(_layout.Tree())
+  widest = jnp.result_type(*(leaf.dtype for leaf in checked))
+  k, l = as_parameter(k, widest), as_parameter(l, widest)
   run = _solve_tree_jit if _hashable(solver) else _solve_tree
   return run(jax.tree.unflatten(treedef, checked), k, l, solver=solver, return_info=return_info)

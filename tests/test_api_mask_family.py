@@ -137,3 +137,17 @@ def test_errors_show_numpy_and_jax_values_as_plain_numbers(k, shown):
     itk.soft_topk_mask(jnp.ones((2, 4)), k)
   assert str(error.value).endswith(shown)
   assert "np." not in str(error.value) and "Array(" not in str(error.value)
+
+
+def test_eager_calls_with_int_and_float_k_share_one_compilation():
+  # k = 2 then k = 2.5 (a Python int, then a float: different weak types) and the same
+  # for the strength: one compiled function, not one per Python type.
+  from implicit_topk import _apply
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(3, 9)))
+  itk.soft_topk_mask(x, 2)
+  compiled = _apply._solve_rows_jit._cache_size()
+  itk.soft_topk_mask(x, 2.5)
+  itk.soft_topk_mask(x, np.float64(3.0), regularization_strength=2)
+  itk.soft_topk_mask(x, np.int32(1), regularization_strength=np.float32(0.5))
+  assert _apply._solve_rows_jit._cache_size() == compiled
+  np.testing.assert_allclose(np.sum(np.asarray(itk.soft_topk_mask(x, 2.5)), -1), 2.5, rtol=1e-12)

@@ -90,6 +90,10 @@ def test_tree_mixed_dtypes_info_and_errors():
     itk.tree_soft_topk_mag({"a": jnp.ones(3), "b": jnp.ones(2, jnp.int32)}, 1.0)
   with pytest.raises(ValueError, match=r"at least one array leaf"):
     itk.tree_soft_topk_mask({}, 1.0)
+  # A model's pytree (an Equinox module, say) also holds functions: the error names the
+  # leaf and says how to pass the arrays alone.
+  with pytest.raises(TypeError, match=r"leaf at \['act'\] is a custom_jvp.*eqx.partition"):
+    itk.tree_soft_topk_mag({"w": jnp.ones(3), "act": jax.nn.relu}, 1.0)
   with pytest.raises(ValueError, match=r"solver='pav' sorts whole rows"):
     itk.solvers.make_solver("pav", itk.problems.CappedSimplex(layout=itk.problems.Tree()))
 
