@@ -343,8 +343,10 @@ def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayL
   Args:
     scores: float array of any shape; ``axis`` holds the ``n`` candidates.
     target_mask: array broadcastable to ``scores``, each row in :math:`C_k` (e.g. a hard
-      top-k mask, or a soft one); rows outside :math:`C_k` make the loss meaningless
-      (checked when concrete).
+      top-k mask, or a soft one). A row outside :math:`C_k` (an entry outside [0, 1], or
+      a sum other than ``k`` beyond ``1e-6 n``) has no meaningful loss (it can be
+      negative): a concrete one raises ValueError; under ``jit`` its loss and gradient
+      are NaN.
     k: real, ``0 <= k <= n``, scalar or broadcastable to the batch shape (positional or
       keyword).
     regularization_strength: :math:`l > 0` (default 1.0), scalar or broadcastable to the
@@ -385,20 +387,31 @@ def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayL
   dtype = _validation.compute_dtype(scores.dtype)
   theta = jnp.moveaxis(scores, axis, -1).astype(dtype)
   target = jnp.moveaxis(jnp.broadcast_to(jnp.asarray(target_mask, dtype), scores.shape), axis, -1)
-  concrete_t, concrete_k = _validation._concrete(target), _validation._concrete(k)  # pylint: disable=protected-access
-  if concrete_t is not None and concrete_k is not None:
-    sums = concrete_t.sum(-1)
-    if (not np.all((concrete_t >= -1e-9) & (concrete_t <= 1 + 1e-9))
-        or not np.allclose(sums, np.broadcast_to(concrete_k, sums.shape), atol=1e-6 * n)):
-      raise ValueError("`target_mask` must have each row in the capped simplex C_k (entries in [0, 1] "
-                       f"summing to k={k!r}); got row sums {sums!r}.")
+  in_set = _in_capped_simplex(target, jnp.asarray(k, dtype))
+  concrete_in_set = _validation.concrete(in_set)
+  if concrete_in_set is not None and not np.all(concrete_in_set):
+    sums = np.asarray(target.sum(-1))
+    raise ValueError("`target_mask` must have each row in the capped simplex C_k (entries in "
+                     f"[0, 1] summing to k={_validation.shown(k)}); got row sums "
+                     f"{_validation.shown(sums)}.")
   k = jnp.asarray(k, dtype)
   l = jnp.asarray(l, dtype)
   batch = theta.shape[:-1]
   conj = _fy_conjugate(reg, solver)(theta, jnp.broadcast_to(jax.lax.stop_gradient(k), batch),
                                             jnp.broadcast_to(l, batch))
   loss = conj + l * jnp.sum(reg.omega(target), axis=-1) - jnp.sum(theta * target, axis=-1)
+  # A traced target outside C_k: NaN loss and gradient (a factor, so that the gradient is
+  # NaN too), never a meaningless number.
+  loss = loss * jnp.where(in_set, 1.0, jnp.nan).astype(loss.dtype)
   return _reduce(loss.astype(scores.dtype), reduction)
+
+
+def _in_capped_simplex(target: jax.Array, k: jax.Array) -> jax.Array:
+  """Per row (last axis): entries in [-1e-9, 1 + 1e-9] and a sum within 1e-6 n of k."""
+  n = target.shape[-1]
+  entries_ok = jnp.all((target >= -1e-9) & (target <= 1 + 1e-9), axis=-1)
+  sums = jax.lax.stop_gradient(target).sum(-1)
+  return entries_ok & (jnp.abs(sums - k) <= 1e-6 * n)
 
 
 def _log_zero(dtype, k):

@@ -124,6 +124,25 @@ def test_fenchel_young_hand_values():
   np.testing.assert_allclose(L.topk_fenchel_young_loss(theta, y, k=2.5, regularization_strength=0.7, reduction="none"), 0.0, atol=1e-10)
 
 
+def test_fenchel_young_target_outside_the_capped_simplex():
+  # Row 1's target sums to 3, not k = 2: its loss would be negative (-1 here), a
+  # meaningless number. Concrete: a ValueError; under jit: NaN loss and gradient for that
+  # row only.
+  scores = jnp.array([[2.0, 1.0, 0.0], [0.0, 1.0, 3.0]])
+  target = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+  with pytest.raises(ValueError, match=r"summing to k=2\); got row sums \[2.0, 3.0\]"):
+    L.topk_fenchel_young_loss(scores, target, 2)
+  loss = jax.jit(lambda s, t: L.topk_fenchel_young_loss(s, t, 2))
+  value = np.asarray(loss(scores, target))
+  assert value[0] == 0.0 and np.isnan(value[1])
+  grad = np.asarray(jax.grad(lambda s: loss(s, target).sum())(scores))
+  np.testing.assert_array_equal(grad[0], 0.0)
+  assert np.all(np.isnan(grad[1]))
+  # An entry above 1 (sum still k): also outside C_k.
+  assert np.isnan(loss(scores, jnp.array([[1.5, 0.5, 0.0], [0.0, 1.0, 1.0]]))[0])
+  assert np.isnan(loss(scores, jnp.array([[1.5, 0.5, 0.0], [0.0, 1.0, 1.0]]))).sum() == 1
+
+
 @pytest.mark.slow
 def test_fenchel_young_gradient_convexity():
   theta = jnp.asarray(RNG.normal(size=(3, 8)))
