@@ -9,6 +9,7 @@ calls with the same shapes and options do not trace or compile again.
 from __future__ import annotations
 
 import numbers
+import functools
 from typing import Any, Callable
 
 import jax
@@ -70,6 +71,82 @@ def reduced_axis_is_sharded(x: Any, axis: int) -> bool:
   except Exception:  # not an array (a list, a scalar): not sharded
     return False
   return spec is not None and axis < len(spec) and spec[axis] is not None
+
+
+def _explicit_mesh(leaves):
+  """The mesh of the first array among ``leaves`` whose type is split over an Explicit
+  mesh axis, or None."""
+  for leaf in leaves:
+    if not isinstance(leaf, jax.Array):
+      continue
+    sharding = getattr(jax.typeof(leaf), "sharding", None)
+    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
+    if mesh is None or spec is None or not getattr(mesh, "explicit_axes", ()):
+      continue
+    if any(entry is not None for entry in spec):
+      return mesh
+  return None
+
+
+def _spec_of(x) -> tuple:
+  spec = tuple(jax.typeof(x).sharding.spec) if isinstance(x, jax.Array) else ()
+  return spec + (None,) * (np.ndim(x) - len(spec))
+
+
+def _output_spec(out_shape, x_shape, x_spec, axis):
+  """The sharding of an output of shape ``out_shape`` computed along ``axis`` of an input
+  of shape ``x_shape`` sharded by ``x_spec``: that of the input where the shapes agree
+  (the reduced axis only when the whole shape does; batch axes otherwise), else replicated."""
+  out_shape = tuple(out_shape)
+  if out_shape == tuple(x_shape):
+    return jax.sharding.PartitionSpec(*x_spec)
+  ndim = len(x_shape)
+  axis = axis % ndim if ndim else 0
+  if len(out_shape) == ndim:  # the reduced axis replaced (e.g. top-k values, per-segment values)
+    return jax.sharding.PartitionSpec(*(s if i != axis and out_shape[i] == x_shape[i] else None
+                                        for i, s in enumerate(x_spec)))
+  batch_shape = x_shape[:axis] + x_shape[axis + 1:]
+  if out_shape[:len(batch_shape)] == batch_shape:  # the reduced axis dropped (per-row values)
+    return jax.sharding.PartitionSpec(*(x_spec[:axis] + x_spec[axis + 1:]))
+  return jax.sharding.PartitionSpec()
+
+
+def explicit_axes_as_auto(fn: Callable) -> Callable:
+  """Runs the operator ``fn(x, ...)`` on inputs split over Explicit mesh axes with those
+  axes turned Auto, as :func:`jax.sharding.auto_axes` does: XLA then partitions its
+  sorts, gathers and scatters as on an Auto mesh (where the sharding types of an
+  Explicit mesh refuse them). Outputs keep the sharding of ``x`` along the axes they
+  share with it (see :func:`_output_spec`); ``axis`` is read from the keyword
+  arguments (default -1). Other calls go to ``fn`` unchanged.
+  """
+
+  @functools.wraps(fn)
+  def wrapper(x, *args, **kwargs):
+    return call_with_auto_axes(fn, x, *args, axis=kwargs.get("axis", -1), **kwargs)
+
+  return wrapper
+
+
+def call_with_auto_axes(fn: Callable, x: Any, *args: Any, axis: int, **kwargs: Any) -> Any:
+  """``fn(x, *args, **kwargs)``, with the Explicit mesh axes of its array arguments
+  turned Auto (see :func:`explicit_axes_as_auto`; ``axis`` is the reduced axis of ``x``
+  and is passed to ``fn`` only if it was in ``kwargs``)."""
+  leaves, treedef = jax.tree.flatten((x, args, kwargs))
+  mesh = _explicit_mesh(leaves)
+  if mesh is None:
+    return fn(x, *args, **kwargs)
+  is_array = [isinstance(leaf, jax.Array) for leaf in leaves]
+  auto_mesh = mesh.update_axis_types({name: jax.sharding.AxisType.Auto
+                                      for name in mesh.explicit_axes})
+  with jax.sharding.use_abstract_mesh(auto_mesh):
+    leaves = [jax.sharding.reshard(leaf, jax.sharding.PartitionSpec()) if array else leaf
+              for leaf, array in zip(leaves, is_array)]
+    x_, args_, kwargs_ = treedef.unflatten(leaves)
+    out = fn(x_, *args_, **kwargs_)
+  x_spec, x_shape = _spec_of(x), np.shape(x)
+  return jax.tree.map(
+      lambda y: jax.sharding.reshard(y, jax.sharding.NamedSharding(
+          mesh, _output_spec(np.shape(y), x_shape, x_spec, axis))), out)
 
 
 def _solve(solver, rows, k, l, *, where=None, return_info=False):
@@ -179,7 +256,11 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
   _validation.check_broadcast(l, batch_shape, STRENGTH)
   k, l = as_parameter(k, x.dtype), as_parameter(l, x.dtype)
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
-  return run(x, k, l, where, None, solver=solver, axis=axis, return_info=return_info)
+  # On an Explicit mesh the compiled kernels' outputs would be typed replicated (a
+  # batch-sharded input gathered after the kernel): run with the mesh axes Auto.
+  return call_with_auto_axes(
+      lambda x_, k_, l_, where_: run(x_, k_, l_, where_, None, solver=solver, axis=axis,
+                                     return_info=return_info), x, k, l, where, axis=axis)
 
 
 def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: ArrayLike,

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from implicit_topk import _apply
 from implicit_topk import _validation
 
 
@@ -27,6 +28,7 @@ def _topk_indicator(scores: jax.Array, k: int, axis: int, dtype: Any) -> jax.Arr
   return jnp.moveaxis(mask, -1, axis)
 
 
+@_apply.explicit_axes_as_auto
 def hard_topk_mask(x: ArrayLike, k: int, axis: int = -1) -> jax.Array:
   r"""1 at the k largest entries of ``x`` along ``axis``, 0 elsewhere (zero gradient).
 
@@ -64,6 +66,7 @@ def hard_topk_mask(x: ArrayLike, k: int, axis: int = -1) -> jax.Array:
   return _topk_indicator(x, k, axis, x.dtype)
 
 
+@_apply.explicit_axes_as_auto
 def hard_topk_mag(x: ArrayLike, k: int, axis: int = -1) -> jax.Array:
   r"""``x`` at the k entries of largest ``|x|`` along ``axis``, 0 elsewhere.
 

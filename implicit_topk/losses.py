@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from implicit_topk import _apply
 from implicit_topk import _deprecation
 from implicit_topk import _validation
 from implicit_topk import baselines
@@ -127,6 +128,7 @@ def _memberships(method, scores, ks, *, l, p, regularizer, solver, inverse_tempe
   raise ValueError(f"`method` must be one of {list(METHODS)} or a callable; got {method!r}.")
 
 
+@_apply.explicit_axes_as_auto
 def topk_cross_entropy(
     logits: ArrayLike,
     labels: ArrayLike,
@@ -435,6 +437,7 @@ def _log_esp(x, k):
   return e[..., k - 1], e[..., k]
 
 
+@_apply.explicit_axes_as_auto
 def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: ArrayLike = 1.0,
                          alpha: ArrayLike = 1.0, mode: str = "smooth", thresh: float = 1e3,
                          reduction: str = "none") -> jax.Array:
@@ -523,6 +526,7 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
   return _reduce(jnp.where(use_hard, hard_loss, smooth).astype(scores.dtype), reduction)
 
 
+@_apply.explicit_axes_as_auto
 def soft_error_loss(logits: ArrayLike, labels: ArrayLike, *,
                     regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
                     p: float = 2.0, regularizer: RegularizerLike = None, reduction: str = "none",

@@ -178,6 +178,7 @@ def soft_topk_mask(
                                    where=where, axis_name=axis_name)
 
 
+@_apply.explicit_axes_as_auto
 def segment_soft_topk_mask(
     x: ArrayLike,
     segment_ids: ArrayLike,

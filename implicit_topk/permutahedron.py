@@ -221,6 +221,7 @@ def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
   return _apply.apply_on_axis(on_rows, data, axis)
 
 
+@_apply.explicit_axes_as_auto
 def permutahedron_argmax(x: ArrayLike, w: ArrayLike, *,
                          regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
                          p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
@@ -285,6 +286,7 @@ def _ranks_vector(n, dtype):
   return jnp.arange(n, 0, -1, dtype=dtype)  # (n, ..., 1)
 
 
+@_apply.explicit_axes_as_auto
 def soft_rank(x: ArrayLike, *, regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
               p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
               descending: bool = False, solver: str = "auto",
@@ -345,6 +347,7 @@ def soft_rank(x: ArrayLike, *, regularization_strength: ArrayLike = _deprecation
                         axis=axis, solver=solver)
 
 
+@_apply.explicit_axes_as_auto
 def soft_sort(x: ArrayLike, k: int | None = None, *,
               regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
               p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
@@ -425,6 +428,7 @@ def soft_sort(x: ArrayLike, k: int | None = None, *,
   return jnp.moveaxis(y, -1, axis)
 
 
+@_apply.explicit_axes_as_auto
 def soft_topk_values(x: ArrayLike, k: int, *,
                      regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
                      p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,
@@ -468,6 +472,7 @@ def soft_topk_values(x: ArrayLike, k: int, *,
                    descending=True, solver=solver)
 
 
+@_apply.explicit_axes_as_auto
 def soft_quantile(x: ArrayLike, q: ArrayLike, *,
                   regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
                   p: float = 2.0, regularizer: RegularizerLike = None, axis: int = -1,

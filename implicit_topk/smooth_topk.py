@@ -161,6 +161,7 @@ def _grad_topk_last_axis(u, k: int):
   return jnp.where(jnp.isfinite(log_z)[..., None], y, jnp.nan)
 
 
+@_apply.explicit_axes_as_auto
 def grad_topk(x: ArrayLike, k: int, *args: ArrayLike,
               regularization_strength: ArrayLike = _deprecation.DEFAULT_STRENGTH,
               axis: int = -1, l: ArrayLike | None = None) -> jax.Array:

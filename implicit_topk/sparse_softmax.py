@@ -63,6 +63,7 @@ def _sparse_softmax_last_axis(z, k: int):
   return jnp.where(bad, jnp.nan, p)
 
 
+@_apply.explicit_axes_as_auto
 def sparse_softmax(z: ArrayLike, k: int, axis: int = -1) -> jax.Array:
   r"""Projection of ``z`` onto the probability simplex with at most ``k`` non-zeros.
 
