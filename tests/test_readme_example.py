@@ -7,8 +7,9 @@ newcomer runs it; the suite's conftest turns float64 on in this process). Also
 checked: some soft mask shown is fractional and every gradient shown is non-zero, so
 the example cannot drift back to a hard mask with zero gradients, and the block runs with
 DeprecationWarning as an error (it uses the 0.2.0 names: ``regularization_strength``, not
-``l``). Every python block of README.md and docs/scaling.md (some need 8 devices and
-free names, so they are scanned, not run) calls the library with the 0.2.0 names.
+``l``). Every python block of README.md, docs/operators.md and docs/scaling.md calls the
+library with the 0.2.0 names (scanned here; tests/test_readme_blocks.py runs every README
+block, docs/scaling.md's fragments need 8 devices and free names).
 """
 
 import io
@@ -25,7 +26,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCS_WITH_CODE = (README, ROOT / "docs" / "scaling.md")
+DOCS_WITH_CODE = (README, ROOT / "docs" / "operators.md", ROOT / "docs" / "scaling.md")
 
 # Runs the block statement by statement; prints [{"line", "src", "values"}] for the expressions.
 _RUNNER = r"""
