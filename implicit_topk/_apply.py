@@ -122,15 +122,16 @@ def explicit_axes_as_auto(fn: Callable) -> Callable:
 
   @functools.wraps(fn)
   def wrapper(x, *args, **kwargs):
-    return call_with_auto_axes(fn, x, *args, axis=kwargs.get("axis", -1), **kwargs)
+    return call_with_auto_axes(fn, x, *args, reduced_axis=kwargs.get("axis", -1), **kwargs)
 
   return wrapper
 
 
-def call_with_auto_axes(fn: Callable, x: Any, *args: Any, axis: int, **kwargs: Any) -> Any:
+def call_with_auto_axes(fn: Callable, x: Any, *args: Any, reduced_axis: int,
+                        **kwargs: Any) -> Any:
   """``fn(x, *args, **kwargs)``, with the Explicit mesh axes of its array arguments
-  turned Auto (see :func:`explicit_axes_as_auto`; ``axis`` is the reduced axis of ``x``
-  and is passed to ``fn`` only if it was in ``kwargs``)."""
+  turned Auto (see :func:`explicit_axes_as_auto`; ``reduced_axis`` is the axis of ``x``
+  that ``fn`` reduces)."""
   leaves, treedef = jax.tree.flatten((x, args, kwargs))
   mesh = _explicit_mesh(leaves)
   if mesh is None:
@@ -146,7 +147,7 @@ def call_with_auto_axes(fn: Callable, x: Any, *args: Any, axis: int, **kwargs: A
   x_spec, x_shape = _spec_of(x), np.shape(x)
   return jax.tree.map(
       lambda y: jax.sharding.reshard(y, jax.sharding.NamedSharding(
-          mesh, _output_spec(np.shape(y), x_shape, x_spec, axis))), out)
+          mesh, _output_spec(np.shape(y), x_shape, x_spec, reduced_axis))), out)
 
 
 def _solve(solver, rows, k, l, *, where=None, return_info=False):
@@ -260,7 +261,8 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
   # batch-sharded input gathered after the kernel): run with the mesh axes Auto.
   return call_with_auto_axes(
       lambda x_, k_, l_, where_: run(x_, k_, l_, where_, None, solver=solver, axis=axis,
-                                     return_info=return_info), x, k, l, where, axis=axis)
+                                     return_info=return_info), x, k, l, where,
+      reduced_axis=axis)
 
 
 def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: ArrayLike,

@@ -126,6 +126,8 @@ def operators(n):
       "soft_sort": (lambda z: itk.soft_sort(z, regularization_strength=0.3), False),
       "soft_rank": (lambda z: itk.soft_rank(z, regularization_strength=0.3), False),
       "soft_quantile": (lambda z: itk.soft_quantile(z, 0.3, regularization_strength=0.3), False),
+      "soft_quantile axis=0": (lambda z: itk.soft_quantile(z.T, 0.3, axis=0,
+                                                           regularization_strength=0.3), False),
       "soft_topk_values": (lambda z: itk.soft_topk_values(z, 3, regularization_strength=0.3),
                            False),
       "permutahedron_argmax": (lambda z: itk.permutahedron_argmax(
@@ -222,7 +224,7 @@ def group_issue(mesh):
 FAMILIES = {
     "threshold": ("soft_topk_mask", "soft_topk_mag", "segment_soft_topk_mask",
                   "tree_soft_topk_mask", "tree_soft_topk_mag"),
-    "sort": ("soft_sort", "soft_rank", "soft_quantile", "soft_topk_values",
+    "sort": ("soft_sort", "soft_rank", "soft_quantile", "soft_quantile axis=0", "soft_topk_values",
              "permutahedron_argmax"),
     "other": ("hard_topk_mask", "hard_topk_mag", "grad_topk", "iterative_softmax_topk",
               "sparse_softmax", "topk_cross_entropy", "topk_fenchel_young_loss",
