@@ -5,7 +5,8 @@ runs it; the suite's conftest turns float64 on in this process) and DeprecationW
 an error. The first block is also checked value by value by tests/test_readme_example.py,
 which runs it; here it is left out. A block that needs several devices sets them up
 itself: ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before its first
-``import jax``. ```bash blocks are not run.
+``import jax``. ```bash blocks are not run. The complete 8-device program of
+docs/scaling.md runs the same way.
 
 The cheap checks (word count, links, notation) run in the default group; the blocks run
 in the slow group (a fresh interpreter imports JAX and compiles each block, about 10 s).
@@ -106,3 +107,22 @@ def test_readme_block_runs(index, tmp_path):
                         check=False)
   assert proc.returncode == 0, (
       f"README.md python block {index + 1} fails:\n{code}\n{proc.stderr[-3000:]}")
+
+
+def _programs(path: pathlib.Path) -> list[str]:
+  """The python blocks of a docs page that are whole programs (they set up their devices)."""
+  return [b for b in python_blocks(path.read_text(encoding="utf-8"))
+          if b.startswith("import os\nos.environ[\"XLA_FLAGS\"]")]
+
+
+@pytest.mark.slow  # 8 host devices in a fresh interpreter, about 25 s
+def test_scaling_program_runs(tmp_path):
+  programs = _programs(DOCS / "scaling.md")
+  assert len(programs) == 1, "docs/scaling.md should have one complete 8-device program"
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_ENABLE_X64", "XLA_FLAGS")}
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+  proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", programs[0]],
+                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, f"docs/scaling.md's program fails:\n{proc.stderr[-3000:]}"
