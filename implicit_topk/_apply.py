@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from implicit_topk import _standardize
 from implicit_topk import _validation
 from implicit_topk.problems import layout as _layout
 
@@ -150,13 +151,17 @@ def call_with_auto_axes(fn: Callable, x: Any, *args: Any, reduced_axis: int,
           mesh, _output_spec(np.shape(y), x_shape, x_spec, reduced_axis))), out)
 
 
-def _solve(solver, rows, k, l, *, where=None, return_info=False):
+def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=None):
   """The operator on ``rows`` laid out by ``solver.layout``: normalize, solve, map back.
 
   ``where`` (same shape as ``rows``): entries outside it take the problem's
-  ``excluded_value`` (never selected) and are returned as exactly 0.
+  ``excluded_value`` (never selected) and are returned as exactly 0. ``standardize``
+  (None or a power ``a``): the strength is ``l`` times each row's standard deviation
+  to the power ``a`` (:func:`implicit_topk._standardize.row_spread`).
   """
   layout = solver.layout
+  if standardize is not None:
+    l = l * _standardize.row_spread(layout, rows, where) ** standardize
   if where is not None:
     rows = jnp.where(where, rows, jnp.asarray(solver.problem.excluded_value, rows.dtype))
   dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
@@ -173,17 +178,24 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False):
   return (y, state) if return_info else y
 
 
-def _solve_rows(x, k, l, where, segment_ids, *, solver, axis, return_info):
+def _solve_rows(x, k, l, where, segment_ids, *, solver, axis, return_info, standardize=None):
   if segment_ids is not None:
     solver = solver.with_layout(solver.layout.bind(segment_ids))
   if where is not None:
     where = jnp.moveaxis(where, axis, -1)
   out = apply_on_axis(
-      lambda rows: _solve(solver, rows, k, l, where=where, return_info=True), x, axis)
+      lambda rows: _solve(solver, rows, k, l, where=where, return_info=True,
+                          standardize=standardize), x, axis)
   return out if return_info else out[0]
 
 
-_solve_rows_jit = jax.jit(_solve_rows, static_argnames=("solver", "axis", "return_info"))
+_solve_rows_jit = jax.jit(_solve_rows,
+                          static_argnames=("solver", "axis", "return_info", "standardize"))
+
+
+def _power(standardize: float | None) -> float | None:
+  """The power of the row's spread in the standardized strength (a static float), or None."""
+  return None if standardize is None else float(standardize)
 
 
 def _hashable(value) -> bool:
@@ -221,7 +233,7 @@ def check_where(where: ArrayLike | None, x: jax.Array, name: str = "where") -> j
 
 def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *, axis: int,
                        return_info: bool = False, where: ArrayLike | None = None,
-                       axis_name: Any = None) -> Any:
+                       axis_name: Any = None, standardize: float | None = None) -> Any:
   """Validates ``x``, ``axis``, ``k`` (0 <= k <= n) and ``l`` (> 0), then solves along ``axis``.
 
   ``l`` is the public ``regularization_strength``; errors about it use that name.
@@ -261,13 +273,14 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
   # batch-sharded input gathered after the kernel): run with the mesh axes Auto.
   return call_with_auto_axes(
       lambda x_, k_, l_, where_: run(x_, k_, l_, where_, None, solver=solver, axis=axis,
-                                     return_info=return_info), x, k, l, where,
-      reduced_axis=axis)
+                                     return_info=return_info, standardize=_power(standardize)),
+      x, k, l, where, reduced_axis=axis)
 
 
 def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: ArrayLike,
                      l: ArrayLike, *, num_segments: int | None, axis: int = -1,
-                     indices_are_sorted: bool = False, return_info: bool = False) -> Any:
+                     indices_are_sorted: bool = False, return_info: bool = False,
+                     standardize: float | None = None) -> Any:
   """Validates a segmented input and solves one threshold per segment along ``axis``.
 
   ``segment_ids``: integers of shape ``(x.shape[axis],)`` in ``[0, num_segments)``;
@@ -306,24 +319,25 @@ def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: Array
   solver = solver.with_layout(layout)
   k, l = as_parameter(k, x.dtype), as_parameter(l, x.dtype)
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
-  return run(x, k, l, None, segment_ids, solver=solver, axis=axis, return_info=return_info)
+  return run(x, k, l, None, segment_ids, solver=solver, axis=axis, return_info=return_info,
+             standardize=_power(standardize))
 
 
-def _solve_tree(tree, k, l, *, solver, return_info):
+def _solve_tree(tree, k, l, *, solver, return_info, standardize=None):
   leaves, treedef = jax.tree.flatten(tree)
   dtype = _validation.compute_dtype(jnp.result_type(*leaves))
   rows = treedef.unflatten([leaf.astype(dtype) for leaf in leaves])
-  y, state = _solve(solver, rows, k, l, return_info=True)
+  y, state = _solve(solver, rows, k, l, return_info=True, standardize=standardize)
   y = treedef.unflatten([out.astype(leaf.dtype)
                          for out, leaf in zip(treedef.flatten_up_to(y), leaves)])
   return (y, state) if return_info else y
 
 
-_solve_tree_jit = jax.jit(_solve_tree, static_argnames=("solver", "return_info"))
+_solve_tree_jit = jax.jit(_solve_tree, static_argnames=("solver", "return_info", "standardize"))
 
 
 def tree_operator(solver: Any, tree: Any, k: ArrayLike, l: ArrayLike, *, name: str,
-                  return_info: bool = False) -> Any:
+                  return_info: bool = False, standardize: float | None = None) -> Any:
   """Validates a pytree of float arrays and solves one threshold over all its entries.
 
   ``k`` (``0 <= k <=`` the total number of entries) and ``l`` are scalars. Returns a
@@ -359,4 +373,5 @@ def tree_operator(solver: Any, tree: Any, k: ArrayLike, l: ArrayLike, *, name: s
   widest = jnp.result_type(*(leaf.dtype for leaf in checked))
   k, l = as_parameter(k, widest), as_parameter(l, widest)
   run = _solve_tree_jit if _hashable(solver) else _solve_tree
-  return run(jax.tree.unflatten(treedef, checked), k, l, solver=solver, return_info=return_info)
+  return run(jax.tree.unflatten(treedef, checked), k, l, solver=solver, return_info=return_info,
+             standardize=_power(standardize))

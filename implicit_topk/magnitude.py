@@ -78,6 +78,7 @@ def soft_topk_mag(
     return_info: bool = False,
     where: ArrayLike | None = None,
     axis_name: Any = None,
+    standardize: bool = False,
     l: ArrayLike | None = None,
 ) -> Union[jax.Array, tuple[jax.Array, solvers.RootState]]:
   r"""Sparse, differentiable top-k in magnitude along ``axis``.
@@ -148,6 +149,15 @@ def soft_topk_mag(
       per row, nothing is gathered, and ``k`` counts the global row. Not needed
       under ``jax.jit`` with a ``NamedSharding`` input. A name that is not a mesh axis
       of the enclosing ``shard_map`` raises ``ValueError``.
+    standardize: if True, the strength is relative to the spread of the data: the
+      operator solves with ``regularization_strength`` times ``s ** (2 - p)``, ``s`` the
+      standard deviation of each row's finite entries over ``where`` (SoftJAX's
+      ``standardize``; ``2 - p`` is the power that makes the operator equivariant), so
+      that the result does not depend on the scale of ``x``: ``soft_topk_mag(c * x) =
+      c * soft_topk_mag(x)`` for ``c > 0``. With ``p = 2`` the operator is equivariant
+      already and ``standardize`` changes nothing. Gradients flow through the standard
+      deviation (``proofs/standardized_strength.md``). Default False: the strength is
+      absolute.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -177,7 +187,8 @@ def soft_topk_mag(
       tol=tol, maxiter=maxiter, size=_apply.input_size(x), row_length=_apply.row_length(x, axis),
       sharded=axis_name is not None or _apply.reduced_axis_is_sharded(x, axis))
   return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info,
-                                   where=where, axis_name=axis_name)
+                                   where=where, axis_name=axis_name,
+                                   standardize=2.0 - float(p) if standardize else None)
 
 
 def tree_soft_topk_mag(
@@ -190,6 +201,7 @@ def tree_soft_topk_mag(
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
+    standardize: bool = False,
     l: ArrayLike | None = None,
 ) -> Union[PyTree, tuple[PyTree, solvers.RootState]]:
   r"""Soft top-k in magnitude over every entry of a pytree (global soft magnitude pruning).
@@ -227,6 +239,14 @@ def tree_soft_topk_mag(
     implicit_diff_backend: ``"lax"`` (default; forward and reverse mode) or
       ``"jaxopt"``.
     return_info: also return the solver's ``RootState`` (scalars; default False).
+    standardize: if True, the strength is relative to the spread of the data: the
+      operator solves with ``regularization_strength`` times ``s ** (2 - p)``, ``s`` the
+      standard deviation of the finite entries of all the leaves together (SoftJAX's
+      ``standardize``; see :func:`soft_topk_mag`), so that the result does not depend on
+      the scale of ``params``: ``tree_soft_topk_mag(c * params) = c *
+      tree_soft_topk_mag(params)`` for ``c > 0``. Gradients flow through the standard
+      deviation (``proofs/standardized_strength.md``). Default False: the strength is
+      absolute.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -252,4 +272,5 @@ def tree_soft_topk_mag(
   solver_obj = solvers.make_solver(
       "threshold", problems.Magnitude(p), implicit_diff_backend=implicit_diff_backend,
       diff=diff, maxiter=maxiter)
-  return _apply.tree_operator(solver_obj, params, k, l, name="params", return_info=return_info)
+  return _apply.tree_operator(solver_obj, params, k, l, name="params", return_info=return_info,
+                              standardize=2.0 - float(p) if standardize else None)

@@ -30,6 +30,10 @@ from implicit_topk import solvers
 PyTree = Any
 
 
+# standardize=True: the strength is l times the row's standard deviation to this power
+# (the mask depends on (x - lambda) / l only, so l must scale like x).
+_MASK_SCALE_POWER = 1.0
+
 def soft_topk_mask(
     x: ArrayLike,
     k: ArrayLike,
@@ -46,6 +50,7 @@ def soft_topk_mask(
     return_info: bool = False,
     where: ArrayLike | None = None,
     axis_name: Any = None,
+    standardize: bool = False,
     l: ArrayLike | None = None,
 ) -> Union[jax.Array, tuple[jax.Array, solvers.RootState]]:
   r"""Sparse, differentiable top-k mask along ``axis``.
@@ -132,6 +137,13 @@ def soft_topk_mask(
       a ``NamedSharding`` input (XLA inserts the all-reduce itself). A name that is
       not a mesh axis of the enclosing ``shard_map``, or an input that does not vary
       over it, raises ``ValueError``. Needs ``solver="threshold"`` (or ``"auto"``).
+    standardize: if True, the strength is relative to the spread of the data: the
+      operator solves with ``regularization_strength`` times the standard deviation
+      of each row's finite entries, over ``where`` (SoftJAX's ``standardize``), so
+      that the result does not depend on the scale of ``x``: ``soft_topk_mask(c * x
+      + b)`` equals ``soft_topk_mask(x)`` for every ``c > 0`` and ``b``. Gradients
+      flow through the standard deviation (``proofs/standardized_strength.md``).
+      Default False: the strength is absolute.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -175,7 +187,8 @@ def soft_topk_mask(
       tol=tol, maxiter=maxiter, size=_apply.input_size(x), row_length=_apply.row_length(x, axis),
       sharded=axis_name is not None or _apply.reduced_axis_is_sharded(x, axis))
   return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info,
-                                   where=where, axis_name=axis_name)
+                                   where=where, axis_name=axis_name,
+                                   standardize=_MASK_SCALE_POWER if standardize else None)
 
 
 @_apply.explicit_axes_as_auto
@@ -194,6 +207,7 @@ def segment_soft_topk_mask(
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
+    standardize: bool = False,
     l: ArrayLike | None = None,
 ) -> Union[jax.Array, tuple[jax.Array, solvers.RootState]]:
   r"""Soft top-k mask within each segment of ``axis`` (ragged rows, no padding).
@@ -250,6 +264,13 @@ def segment_soft_topk_mask(
     implicit_diff_backend: ``"lax"`` (forward and reverse mode) or ``"jaxopt"``.
     return_info: also return the solver's :class:`RootState`, one entry per segment
       (shape ``batch + (num_segments,)``; default False).
+    standardize: if True, the strength is relative to the spread of the data: the
+      operator solves with ``regularization_strength`` times the standard deviation
+      of the finite entries of each segment (SoftJAX's ``standardize``),
+      so that the result does not depend on the scale of ``x``: the mask is
+      invariant under ``x -> c * x + b`` for ``c > 0``. Gradients flow through the
+      standard deviation (``proofs/standardized_strength.md``). Default False: the
+      strength is absolute.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -279,7 +300,8 @@ def segment_soft_topk_mask(
       maxiter=maxiter)
   return _apply.segment_operator(solver_obj, x, segment_ids, k, l, num_segments=num_segments,
                                  axis=axis, indices_are_sorted=indices_are_sorted,
-                                 return_info=return_info)
+                                 return_info=return_info,
+                                 standardize=_MASK_SCALE_POWER if standardize else None)
 
 
 def tree_soft_topk_mask(
@@ -293,6 +315,7 @@ def tree_soft_topk_mask(
     maxiter: int | None = None,
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
+    standardize: bool = False,
     l: ArrayLike | None = None,
 ) -> Union[PyTree, tuple[PyTree, solvers.RootState]]:
   r"""One soft top-k mask over every entry of a pytree of arrays (one global threshold).
@@ -336,6 +359,13 @@ def tree_soft_topk_mask(
       ``"jaxopt"``.
     return_info: also return the solver's :class:`RootState` (scalars; default
       False).
+    standardize: if True, the strength is relative to the spread of the data: the
+      operator solves with ``regularization_strength`` times the standard deviation
+      of the finite entries of all the leaves together (SoftJAX's
+      ``standardize``), so that the result does not depend on the scale of ``x``:
+      the mask is invariant under ``x -> c * x + b`` for ``c > 0``. Gradients flow
+      through the standard deviation (``proofs/standardized_strength.md``). Default
+      False: the strength is absolute.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -363,4 +393,5 @@ def tree_soft_topk_mask(
   solver_obj = solvers.make_solver(
       "threshold", problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
       maxiter=maxiter)
-  return _apply.tree_operator(solver_obj, scores, k, l, name="scores", return_info=return_info)
+  return _apply.tree_operator(solver_obj, scores, k, l, name="scores", return_info=return_info,
+                              standardize=_MASK_SCALE_POWER if standardize else None)

@@ -30,6 +30,7 @@ NAMES = [
     "fenchel_young",
     "pallas_certificate",
     "native_bracket",
+    "standardized_strength",
 ]
 
 

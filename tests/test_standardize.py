@@ -1,0 +1,115 @@
+"""standardize=True: the strength relative to the spread of the data (issue: a strength
+that does not depend on scale). The math and its checks against Brent's method are in
+proofs/standardized_strength.{md,py} (run by tests/test_proofs.py); here the operators'
+behaviour: invariance/equivariance for every operator of the family, per-row, per-segment
+and whole-tree spreads, where=, non-finite entries, zero spread, dtypes, jit and grad."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import implicit_topk as itk
+
+RNG = np.random.default_rng(26)
+X = jnp.asarray(RNG.normal(size=(3, 9)))
+
+
+def close(a, b, tol=1e-10):
+  np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0])
+def test_mask_is_the_mask_at_strength_times_the_row_std(p):
+  # Independent of the library's spread: NumPy's std per row, passed as the strength.
+  std = np.std(np.asarray(X), axis=-1)
+  close(itk.soft_topk_mask(X, 2.5, regularization_strength=0.7, p=p, standardize=True),
+        itk.soft_topk_mask(X, 2.5, regularization_strength=0.7 * jnp.asarray(std), p=p))
+
+
+@pytest.mark.parametrize("c, b", [(1e-3, 0.0), (250.0, -3.0), (1e6, 1e3)])
+def test_every_mask_operator_is_invariant_under_scale_and_shift(c, b):
+  y = itk.soft_topk_mask(X, 2.5, standardize=True)
+  assert not np.allclose(y, itk.soft_topk_mask(c * X + b, 2.5))  # without: it changes
+  tol = 1e-12 * (abs(b) + c * 3) / c + 1e-12  # the rounding of c x + b, relative to c
+  close(itk.soft_topk_mask(c * X + b, 2.5, standardize=True), y, tol)
+  ids = jnp.array([0, 0, 0, 0, 1, 1, 1, 1, 1])
+  seg = itk.segment_soft_topk_mask(X, ids, jnp.array([1.5, 2.0]), standardize=True)
+  close(itk.segment_soft_topk_mask(c * X + b, ids, jnp.array([1.5, 2.0]), standardize=True), seg, tol)
+  tree = {"a": X[0], "b": X[1:]}
+  out = itk.tree_soft_topk_mask(tree, 4.0, standardize=True)
+  moved = itk.tree_soft_topk_mask(jax.tree.map(lambda v: c * v + b, tree), 4.0, standardize=True)
+  for key in tree:
+    close(moved[key], out[key], tol)
+
+
+@pytest.mark.parametrize("p", [4.0 / 3.0, 1.5, 2.0])
+def test_magnitude_operators_are_equivariant(p):
+  for c in (1e-4, 37.0):
+    m = itk.soft_topk_mag(X, 3, p=p, standardize=True)
+    close(itk.soft_topk_mag(c * X, 3, p=p, standardize=True), c * m, 1e-12 * c)
+    tree = {"w": X[0], "v": X[1:]}
+    t = itk.tree_soft_topk_mag(tree, 5, p=p, standardize=True)
+    scaled = itk.tree_soft_topk_mag(jax.tree.map(lambda v: c * v, tree), 5, p=p, standardize=True)
+    for key in tree:
+      close(scaled[key], c * t[key], 1e-12 * c)
+  if p != 2.0:  # p = 2 is equivariant already; the others are not without standardize
+    assert not np.allclose(itk.soft_topk_mag(1e-4 * X, 3, p=p), 1e-4 * itk.soft_topk_mag(X, 3, p=p))
+
+
+def test_spreads_are_per_row_per_segment_and_whole_tree():
+  # Scaling one row (one segment) changes nothing; scaling one leaf of a tree changes the
+  # tree's single spread, so the other leaf's mask changes too.
+  scaled_row = X.at[1].multiply(40.0)
+  close(itk.soft_topk_mask(scaled_row, 2.5, standardize=True), itk.soft_topk_mask(X, 2.5, standardize=True))
+  ids = jnp.array([0, 0, 0, 0, 1, 1, 1, 1, 1])
+  one_segment = X.at[:, :4].multiply(40.0)
+  k = jnp.array([1.5, 2.0])
+  close(itk.segment_soft_topk_mask(one_segment, ids, k, standardize=True)[:, 4:],
+        itk.segment_soft_topk_mask(X, ids, k, standardize=True)[:, 4:])
+  tree = {"a": X[0], "b": X[1:]}
+  before = itk.tree_soft_topk_mask(tree, 4.0, standardize=True)["b"]
+  after = itk.tree_soft_topk_mask({"a": 40.0 * X[0], "b": X[1:]}, 4.0, standardize=True)["b"]
+  assert not np.allclose(before, after)
+
+
+def test_where_and_non_finite_entries_do_not_enter_the_spread():
+  x = jnp.array([[0.3, -1.2, 2.0, 0.7, 99.0], [0.3, -1.2, 2.0, 0.7, jnp.inf]])
+  where = jnp.array([[True, True, True, True, False]] * 2)
+  std = float(np.std([0.3, -1.2, 2.0, 0.7]))
+  padded = itk.soft_topk_mask(x[:1], 1.5, standardize=True, where=where[:1])
+  close(padded[0, :4], itk.soft_topk_mask(x[0, :4], 1.5, regularization_strength=std))
+  # +inf gets 1; the finite entries share 0.5 at the strength of their own spread
+  with_inf = itk.soft_topk_mask(x[1], 1.5, standardize=True)
+  close(with_inf[:4], itk.soft_topk_mask(x[1, :4], 0.5, regularization_strength=std))
+  assert with_inf[4] == 1.0
+
+
+def test_zero_spread_rows_and_their_gradient_are_finite():
+  y = itk.soft_topk_mask(jnp.full((2, 4), 7.0), 1.5, standardize=True)
+  close(y, 1.5 / 4)
+  grad = jax.grad(lambda v: itk.soft_topk_mask(v, 1.5, standardize=True)[0])(jnp.full(4, 7.0))
+  assert np.all(np.isfinite(grad))
+  close(itk.soft_topk_mag(jnp.zeros(5), 2, standardize=True), 0.0)
+
+
+def test_gradients_match_finite_differences_and_respect_the_invariance():
+  x = np.asarray(X[0])
+  f = lambda v: itk.soft_topk_mask(v, 2.5, regularization_strength=0.5, standardize=True)[jnp.array([1, 4])].sum()
+  g = np.asarray(jax.grad(f)(jnp.asarray(x)))
+  h = 1e-6
+  fd = np.array([(f(jnp.asarray(x + h * e)) - f(jnp.asarray(x - h * e))) / (2 * h) for e in np.eye(9)])
+  close(g, fd, 1e-7)
+  assert abs(g @ x) < 1e-10 and abs(g.sum()) < 1e-10  # J x = 0, J 1 = 0
+  assert np.max(np.abs(g)) > 1e-3  # not a vacuous check: the mask is fractional here
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_low_precision_and_jit(dtype):
+  x = X.astype(dtype)
+  f = jax.jit(lambda v: itk.soft_topk_mask(v, 2.5, standardize=True))
+  y = f(x)
+  assert y.dtype == dtype
+  ref = itk.soft_topk_mask(X, 2.5, standardize=True)
+  close(y, ref, {jnp.float32: 1e-5, jnp.bfloat16: 3e-2, jnp.float16: 5e-3}[dtype])
+  close(f(64.0 * x), y, {jnp.float32: 1e-5, jnp.bfloat16: 3e-2, jnp.float16: 5e-3}[dtype])
