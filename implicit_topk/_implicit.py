@@ -54,6 +54,22 @@ def _diagonal_tangent_solve(linear_fun: Callable, b):
   return _safe_divide(b, linear_fun(jnp.ones_like(b)))
 
 
+def _varying_like(init, optimality_fun, args):
+  """``init`` made varying over the mesh axes (inside ``shard_map``) that the residual
+  ``optimality_fun(init, *args)``, hence the root, varies over: ``custom_root`` traces its
+  tangent solve with the type of ``init`` (an invariant guess for a varying root fails
+  in the derivatives). A residual reduced over the axis (``psum``) leaves it invariant."""
+  residual = jax.eval_shape(optimality_fun, init, *args)
+  missing = tuple(sorted(_varying_axes(residual) - _varying_axes(jax.typeof(init))))
+  return jax.lax.pcast(init, missing, to="varying") if missing else init
+
+
+def _varying_axes(aval) -> frozenset:
+  """The mesh axes an aval or ShapeDtypeStruct varies over (empty outside shard_map)."""
+  mat = getattr(aval, "mat", None) or getattr(aval, "manual_axis_type", None)
+  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
 def implicit_root(
     solver_fun: Callable[..., tuple[jax.Array, Any]],
     optimality_fun: Callable[..., jax.Array],
@@ -75,6 +91,7 @@ def implicit_root(
   Returns:
     ``(root, aux)``; ``aux`` (solver diagnostics) carries no derivative.
   """
+  init = _varying_like(init, optimality_fun, args)
   if backend == "jaxopt":
     # Lazy: jaxopt is unmaintained and warns (DeprecationWarning) when imported.
     from jaxopt import implicit_diff as jaxopt_implicit_diff  # pylint: disable=g-import-not-at-top

@@ -58,6 +58,13 @@ def test_every_operator_on_sharded_input(mesh, family):
     assert f"[{mesh}] segment_soft_topk_mask P(None, 'd') eager set_mesh grad" in report, report
 
 
+@pytest.mark.slow
+def test_shard_map_on_explicit_mesh():
+  report = _run("shard_map")
+  # segment: fwd, grad; mask, mag: fwd, grad, HLO
+  assert report.count("OK  ") == 8, report
+
+
 # ---- the script (run in the subprocess) -------------------------------------------------
 
 FAILED = []
@@ -207,7 +214,7 @@ def group_issue(mesh):
   x = jax.device_put(x0, NamedSharding(mesh, P(None, "d")))
   op = lambda z, ids: itk.segment_soft_topk_mask(z, ids, 2.5, num_segments=5,
                                                  regularization_strength=0.1)
-  want = fwd_and_grad(lambda z: op(z, ids0))(x0)
+  want = jax.jit(fwd_and_grad(lambda z: op(z, ids0)))(x0)
   for label, ids in (("ids replicated", ids0),
                      ("ids P('d')", jax.device_put(ids0, NamedSharding(mesh, P("d"))))):
     tag = f"[issue] segment_soft_topk_mask {label}"
@@ -246,7 +253,7 @@ def group_all(mesh, label, names=None):
   for name, (fn, threshold) in operators(x0.shape[-1]).items():
     if names and name not in names:
       continue
-    want = fwd_and_grad(fn)(x0)
+    want = jax.jit(fwd_and_grad(fn))(x0)
     for spec in (P(None, "d"), P("d", None)):
       x = jax.device_put(x0, NamedSharding(mesh, spec))
       # only the threshold operators are meant not to gather, and on an Auto mesh only
@@ -256,6 +263,42 @@ def group_all(mesh, label, names=None):
                 eager_grad=name == "segment_soft_topk_mask", jit_outside=threshold)
 
 
+def group_shard_map(mesh):
+  """Inside ``shard_map`` on an Explicit mesh: the segment operator on a batch split
+  over devices (whole rows per device), the mask and the magnitude operator with the
+  reduced axis split (``axis_name="d"``: all-reduces, no all-gather)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  import implicit_topk as itk
+  x0 = jax.random.normal(jax.random.PRNGKey(2), (8, 64), jnp.float64)
+  ids = jnp.arange(64) % 5
+  cases = {
+      "segment_soft_topk_mask": (P("d", None), lambda z, **kw: itk.segment_soft_topk_mask(
+          z, ids, 2.5, num_segments=5, regularization_strength=0.1)),
+      "soft_topk_mask": (P(None, "d"), lambda z, **kw: itk.soft_topk_mask(
+          z, 2.5, regularization_strength=0.1, **kw)),
+      "soft_topk_mag": (P(None, "d"), lambda z, **kw: itk.soft_topk_mag(
+          z, 2.5, regularization_strength=0.1, **kw)),
+  }
+  for name, (spec, op) in cases.items():
+    tag = f"[shard_map] {name} {spec}"
+    kw = {"axis_name": "d"} if spec[-1] is not None else {}
+    local = jax.shard_map(lambda z, op=op, kw=kw: op(z, **kw), mesh=mesh, in_specs=spec,
+                          out_specs=spec)
+    want = jax.jit(fwd_and_grad(op))(x0)
+    x = jax.device_put(x0, NamedSharding(mesh, spec))
+    with jax.set_mesh(mesh):
+      compiled = attempt(tag, lambda: jax.jit(fwd_and_grad(local)).lower(x).compile())
+      got = compiled and attempt(tag, lambda: compiled(x))
+    if got is None:
+      continue
+    compare(f"{tag} fwd", got[0], want[0])
+    compare(f"{tag} grad", got[1], want[1])
+    if kw:
+      no_gather(tag, compiled.as_text())
+
+
 def main(groups):
   os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
   import jax
@@ -263,7 +306,7 @@ def main(groups):
   jax.config.update("jax_enable_x64", True)
   explicit = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
   auto = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
-  runs = {"issue": lambda: group_issue(explicit)}
+  runs = {"issue": lambda: group_issue(explicit), "shard_map": lambda: group_shard_map(explicit)}
   for family, names in FAMILIES.items():
     runs[f"explicit_{family}"] = lambda names=names: group_all(explicit, "explicit", names)
     runs[f"auto_{family}"] = lambda names=names: group_all(auto, "auto", names)
