@@ -32,7 +32,7 @@ import numpy as np
 from numba import carray, cfunc, njit
 
 from implicit_topk.kernels import ffi
-from implicit_topk.kernels.native_threshold import PNORM, _LOWEST, _OPTIONS, _mask_terms
+from implicit_topk.kernels.native_threshold import PNORM, _LOWEST, _OPTIONS, _mask_terms, _scaled_div
 
 
 @njit(inline="always", **_OPTIONS)
@@ -40,10 +40,13 @@ def _slope(v, lam, l, origin, kind, a):
   """(d, z) of one entry: mask'(z) / l and z, with d = 0 where the mask is constant."""
   if not abs(v) < np.inf or not abs(lam) < np.inf:
     return 0.0, 0.0
-  gap = max(v - origin, _LOWEST) - lam
-  z = gap / l
-  if kind == PNORM and (gap <= 0.0 or gap >= l):
-    return 0.0, z
+  v = max(v - origin, _LOWEST)
+  gap = v - lam
+  if kind == PNORM:
+    if gap <= 0.0 or gap >= l:
+      return 0.0, gap / l
+    return _mask_terms(gap / l, kind, a)[1] / l, gap / l
+  z = _scaled_div(v, lam, l)  # a dense mask is not constant where gap overflows
   return _mask_terms(z, kind, a)[1] / l, z
 
 

@@ -53,6 +53,8 @@ _SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quick
 _MAXITER = 200
 _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a sample
 _LOWEST = -np.finfo(np.float64).max
+_INT_MAX = np.int64(np.iinfo(np.int64).max)
+_INT_MIN = np.int64(np.iinfo(np.int64).min)
 _OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
 
 
@@ -125,11 +127,30 @@ def _phi(values, count, lam, l, target, kind, a):
       slope -= 1.0 if (z > 0.0) & (z < 1.0) else 0.0
   else:
     for i in range(count):
-      y, dy, d2y = _mask_terms((values[i] - lam) * inv, kind, a)
+      y, dy, d2y = _mask_terms(_scaled(values[i], lam, inv), kind, a)
       total += y
       slope -= dy
       curve += d2y
   return total, slope * inv, curve * inv * inv
+
+
+@njit(inline="always", **_OPTIONS)
+def _scaled(v, lam, inv):
+  """(v - lam) * inv for finite v, lam; where the difference overflows (opposite signs
+  near the float maximum) v * inv - lam * inv, as accurate (|v| + |lam| = |v - lam|)."""
+  d = v - lam
+  if abs(d) < np.inf:
+    return d * inv
+  return v * inv - lam * inv
+
+
+@njit(inline="always", **_OPTIONS)
+def _scaled_div(v, lam, l):
+  """(v - lam) / l, as :func:`_scaled` where the difference overflows."""
+  d = v - lam
+  if abs(d) < np.inf:
+    return d / l
+  return v / l - lam / l
 
 
 @njit(**_OPTIONS)
@@ -137,6 +158,35 @@ def _midpoint(a, b):
   if (a >= 0.0) == (b >= 0.0):
     return a + 0.5 * (b - a)
   return 0.5 * (a + b)
+
+
+@njit(**_OPTIONS)
+def _ordered_midpoint(a, b):
+  """The float whose ordered bit pattern (sign * the bits without the sign) is the
+  floor-average of those of the finite ``a`` and ``b``: geometric across binades,
+  arithmetic within one; any bracket is down to adjacent floats in 64 halvings."""
+  u = np.float64(a).view(np.int64)
+  v = np.float64(b).view(np.int64)
+  if u < 0:
+    u = -(u & _INT_MAX)
+  if v < 0:
+    v = -(v & _INT_MAX)
+  mid = (u >> 1) + (v >> 1) + (u & v & 1)
+  if mid < 0:
+    mid = (-mid) | _INT_MIN
+  return np.int64(mid).view(np.float64)
+
+
+@njit(**_OPTIONS)
+def _bisection_point(lo, hi, it):
+  """Where the safeguard bisects [lo, hi] at iteration ``it``: every other time the
+  ordered midpoint if the bracket spans more than two binades (max(|lo|, |hi|) >
+  4 min(|lo|, |hi|)), else the midpoint. So a bracket from 1e300 to a root near 0 is
+  within two binades after ~2 x 11 bisections, not ~1000 halvings."""
+  near, far = min(abs(lo), abs(hi)), max(abs(lo), abs(hi))
+  if it % 2 == 0 and far > 4.0 * near and far < np.inf:
+    return _ordered_midpoint(lo, hi)
+  return _midpoint(lo, hi)
 
 
 @njit(**_OPTIONS)
@@ -175,7 +225,7 @@ def _newton(values, count, target, l, kind, a, lo, hi, lam, tol):
         continue
     if hi - lo <= scale:
       return lam, it + 1
-    middle = _midpoint(lo, hi)
+    middle = _bisection_point(lo, hi, it)
     prev_step = lam - middle
     lam = middle
   return lam, _MAXITER
@@ -400,8 +450,10 @@ def _dense_row(row, n, k, l, kind, a, tol, origin, work):
   count = _gather_above(row, n, -np.inf, origin, work)
   k_f = k - n_pos_inf
   shift = l * _omega_prime(k_f / count, kind, a)
-  lo = x_min - (0.0 if kind == ENTROPY else shift)
-  hi = x_max - shift
+  # An end beyond the float range (x near the float maximum, l on its scale) is
+  # clamped to it, as the pure-JAX solver does: bisection never leaves an infinite end.
+  lo = max(x_min - (0.0 if kind == ENTROPY else shift), _LOWEST)
+  hi = min(x_max - shift, -_LOWEST)
   return _newton(work, count, k_f, l, kind, a, lo, hi, _midpoint(lo, hi), tol)
 
 
@@ -424,7 +476,7 @@ def _mask_value(v, lam, l, kind, a):
       return 1.0
   elif kind == ENTROPY and d >= 0.0:
     return 1.0
-  return _mask_terms(d / l, kind, a)[0]
+  return _mask_terms(d / l if abs(d) < np.inf else v / l - lam / l, kind, a)[0]
 
 
 @njit(**_OPTIONS)
@@ -459,11 +511,11 @@ def _write_mask(row, n, lam, l, kind, a, origin, finite, out):
       total += out[i]
   elif kind == ENTROPY:
     for i in range(n):
-      out[i] = math.exp(min((max(row[i] - origin, _LOWEST) - lam) / l, 0.0))
+      out[i] = math.exp(min(_scaled_div(max(row[i] - origin, _LOWEST), lam, l), 0.0))
       total += out[i]
   else:
     for i in range(n):
-      out[i] = _mask_terms((max(row[i] - origin, _LOWEST) - lam) / l, kind, a)[0]
+      out[i] = _mask_terms(_scaled_div(max(row[i] - origin, _LOWEST), lam, l), kind, a)[0]
       total += out[i]
   return total
 

@@ -99,14 +99,21 @@ class CappedSimplex:
   def _mask_entries(self, x, lam, l):
     limit = jnp.isinf(x) | jnp.isinf(lam)
     z_limit = jnp.where(jnp.isinf(x), x, -lam)
-    d = jnp.where(limit, 0, x) - jnp.where(limit, 0, lam)
+    x_f, lam_f = jnp.where(limit, 0, x), jnp.where(limit, 0, lam)
+    d = x_f - lam_f
     z = d / l
+    z0, z1 = self.regularizer.saturation
+    if not (np.isfinite(z0) and np.isfinite(z1)):
+      # A dense mask is not yet 0 or 1 where x - lam overflows (opposite signs near the
+      # float maximum, l on their scale): there z = x / l - lam / l, as accurate since
+      # |x| + |lam| = |x - lam|. (Not 0.5 x - 0.5 lam: XLA factors out a constant 2^k.)
+      over = jnp.isinf(d)
+      z = jnp.where(over, jnp.where(over, x_f, 0) / l - jnp.where(over, lam_f, 0) / l, z)
     # XLA may divide by `l` as a product with 1/l, which can leave z an ulp inside the
     # saturation interval although d = l z1 exactly (x = (2.671875, 1), l = 1.671875:
     # z = 0.9999999999999999, a mask of 1 - 1e-16 in the hard limit). Saturate from the
     # comparison in unscaled units, the one `snap` certifies. (An end at 0 needs no
     # test: the sign of d / l is exact.)
-    z0, z1 = self.regularizer.saturation
     if np.isfinite(z1) and z1 != 0:
       z = jnp.where(d >= l * z1, jnp.maximum(z, z1), z)
     if np.isfinite(z0) and z0 != 0:

@@ -46,8 +46,9 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   The sign of ``phi`` shrinks the bracket. A Newton step is taken only if it lands
   strictly inside the bracket and is at most half the previous step (as in Numerical
   Recipes' rtsafe; this rules out cycles and slow creeping), otherwise we bisect
-  (geometrically over brackets wider than 4x when ``geometric``: roots many decades
-  below the bracket's top; every other bisection, see :func:`_geometric_middle`).
+  (when ``geometric``, every other bisection of a bracket spanning more than two
+  binades halves its ordered bit patterns instead, :func:`_ordered_middle`: roots many
+  decades below the bracket's far end, or near 0 in a bracket from -1e300).
   Schroeder's step (Newton on phi / phi') replaces Newton's
   where it is longer: near the degenerate roots phi ~ c (lam - a)^m at which a flat
   piece of phi starts (p < 2), Newton converges only linearly and Schroeder's step lands
@@ -74,7 +75,7 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
                          & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)))
   middle = midpoint(lo, hi)
   if geometric:
-    middle = jnp.where(iter_num % 2 == 0, _geometric_middle(lo, hi, middle), middle)
+    middle = jnp.where(iter_num % 2 == 0, _ordered_middle(lo, hi, middle), middle)
   candidate = jnp.where(use_newton, newton, middle)
   converged = (phi == 0) | (hi - lo <= step_tol * scale) | accept
   new_lam = jnp.where(phi == 0, lam, candidate)
@@ -84,21 +85,38 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   return lam, lo, hi, prev_step, done | converged, iter_num
 
 
-def _geometric_middle(lo, hi, middle):
-  """The geometric mean of a one-signed bracket wider than 4x, else ``middle``.
+def _ordered_middle(lo, hi, middle):
+  """The middle of the bracket's ordered bit patterns where it spans more than two
+  binades (``max(|lo|, |hi|) > 4 min(|lo|, |hi|)``, either sign), else ``middle``.
 
-  A zero end counts as ``eps**2`` times the other, so a root many decades closer to 0
-  than the bracket's far end (the top entry of a row with a tiny ``k``, or a magnitude
-  threshold far below ``max(abs(x))``) is found in a few halvings of its exponent.
+  Finite floats, ordered as the integers ``sign * (bits without the sign)``, are
+  bisected in at most 64 (float32: 32) halvings of that integer range, whatever the
+  bracket: geometric across binades (a root many decades closer to 0 than the far end,
+  the top entry of a row whose other entries lie 1e300 below it), arithmetic within one.
+  Alternating with plain midpoints, a bracket is within two binades after at most
+  ~2 x 11 (float32: 2 x 8) bisections, from any finite ends.
   """
-  tiny = jnp.finfo(lo.dtype).eps ** 2
-  positive, negative = lo >= 0, hi <= 0
-  near = jnp.where(positive, lo, -hi)
-  far = jnp.where(positive, hi, -lo)
-  near = jnp.maximum(near, tiny * far)
-  wide = (positive | negative) & (far > 4 * near) & jnp.isfinite(far)
-  root = jnp.sqrt(jnp.where(wide, near, 1)) * jnp.sqrt(jnp.where(wide, far, 1))  # no overflow
-  return jnp.where(wide, jnp.where(positive, root, -root), middle)
+  near = jnp.minimum(jnp.abs(lo), jnp.abs(hi))
+  far = jnp.maximum(jnp.abs(lo), jnp.abs(hi))
+  wide = (far > 4 * near) & jnp.isfinite(far)
+  return jnp.where(wide, ordered_midpoint(lo, hi), middle)
+
+
+def ordered_midpoint(a, b):
+  """The float whose ordered bit pattern is the floor-average of those of ``a``, ``b``
+  (finite floats; -0 and +0 both map to 0). Monotone: it lies in ``[a, b]``."""
+  dtype = jnp.result_type(a)
+  itype = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[jnp.dtype(dtype).itemsize]
+  top = jnp.iinfo(itype).max
+
+  def to_ordered(v):
+    bits = jax.lax.bitcast_convert_type(v, itype)
+    return jnp.where(bits < 0, -(bits & top), bits)
+
+  u, v = to_ordered(a), to_ordered(b)
+  mid = (u >> 1) + (v >> 1) + (u & v & 1)  # floor((u + v) / 2) without overflow
+  bits = jnp.where(mid < 0, (-mid) | jnp.asarray(jnp.iinfo(itype).min, itype), mid)
+  return jax.lax.bitcast_convert_type(bits.astype(itype), dtype)
 
 
 def _derivatives(problem, x, k, l):
