@@ -12,7 +12,10 @@ Checks, on random instances (p in {4/3, 1.5, 2, 3}, integer and fractional k):
       l lam^(p-1);
   (e) binary case: the root interval is [s_(k+1), h^{-1}(s_(k))] and the output is the hard
       top-k in magnitude once l s_(k+1)^(p-1) <= s_(k) - s_(k+1);
-  (f) the library's soft_topk_mag (solvers "pav", "threshold"; "dykstra" for p = 2) agrees.
+  (f) the library's soft_topk_mag (solvers "pav", "threshold"; "dykstra" for p = 2) agrees;
+  (g) item 4 at the extremes: rows with magnitudes up to the float maximum (float64 and
+      float32) where l s_(k+1)^(p-1) <= s_(k) - s_(k+1) holds exactly (in rationals, on
+      the rounded inputs) give exactly the hard top-k in magnitude (solver "threshold").
 """
 
 import os
@@ -23,6 +26,8 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 import numpy as np  # noqa: E402
+from fractions import Fraction  # noqa: E402
+
 from scipy.optimize import brentq, minimize  # noqa: E402
 
 import _proofs_common as C  # noqa: E402
@@ -246,6 +251,34 @@ def check_library(rng):
     print(f"  (f) library: {count} calls, max error {worst:.1e}")
 
 
+def check_library_extremes(rng):
+    itk = C.load_library()
+    if itk is None:
+        return
+    import jax
+    import jax.numpy as jnp
+
+    count = 0
+    for dtype in (np.float64, np.float32):
+        top = float(np.finfo(dtype).max)
+        for p, q in ((2.0, 1), (4.0 / 3.0, 3)):  # l s^(p-1) <= gap  <=>  l^q s <= gap^q
+            fn = jax.jit(lambda x, k, l, p=p: itk.soft_topk_mag(x, k, regularization_strength=l, p=p))
+            for _ in range(6):
+                s = np.sort(top * rng.uniform(1e-3, 1.0, size=5))[::-1].astype(dtype)
+                k = int(rng.integers(1, 5))
+                gap = float(s[k - 1]) - float(s[k])
+                l = dtype(0.9 * gap / float(s[k]) ** (p - 1.0))
+                holds = Fraction(float(l)) ** q * Fraction(float(s[k])) <= (
+                    Fraction(float(s[k - 1])) - Fraction(float(s[k]))) ** q
+                C.check(holds, "instance does not satisfy the bound")
+                x = (s * rng.choice([-1.0, 1.0], size=s.size)).astype(dtype)
+                hard = np.where(np.abs(x) >= s[k - 1], x, dtype(0))
+                out = np.asarray(fn(jnp.asarray(x), jnp.asarray(k, dtype), jnp.asarray(l)))
+                C.check(np.array_equal(out, hard), f"{dtype.__name__} p={p}: {out} != hard {hard}")
+                count += 1
+    print(f"  (g) near the float maximum (float64, float32): hard output exactly: {count} rows")
+
+
 def main():
     rng = np.random.default_rng(7)
     print("magnitude_threshold:")
@@ -253,6 +286,7 @@ def main():
     check_phi(rng)
     check_binary(rng)
     check_library(rng)
+    check_library_extremes(rng)
     print("magnitude_threshold: OK")
 
 

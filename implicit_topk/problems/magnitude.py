@@ -36,6 +36,15 @@ from implicit_topk.problems.capped_simplex import _check_sortable
 _BISECT_STEPS = 64  # scalar bisection steps for h^{-1} when snapping binary rows
 
 
+def _scale(lam):
+  """The factor of :meth:`Magnitude.optimality`: ``2^-b`` (``b`` the bits of the dtype)
+  where ``lam >= max_float 2^-b``, else 1. Then ``(n + k) lam`` times it stays finite for
+  any ``n + k < 2^b``, and below the switch no factor is needed."""
+  bits = 8 * jnp.dtype(lam.dtype).itemsize
+  factor = jnp.asarray(2.0**-bits, lam.dtype)
+  return jnp.where(lam >= jnp.finfo(lam.dtype).max * factor, factor, jnp.ones_like(lam))
+
+
 def _excess(lam, s):
   """t = (s - lam)_+, with derivative 0 at the kink."""
   return jnp.where(s > lam, s - lam, jnp.zeros_like(s))
@@ -112,21 +121,26 @@ class Magnitude:
     r"""F(lam) = sum_i min(lam, g(t_i / l)) - k lam, one entry per row.
 
     Written as ``lam * (#saturated - k) + sum_unsaturated g`` so that it is exactly 0
-    on the flat root interval of a binary solution.
+    on the flat root interval of a binary solution. Every unsaturated ``g`` is at most
+    ``lam``, so ``|F| <= (n + k) lam``, which overflows for ``lam`` near the float
+    maximum: there ``F`` is returned times :func:`_scale` (a power of 2, exact, the
+    same roots and Newton steps; :meth:`residual_scale` carries the same factor).
     """
     L = self.layout
     G = L.map(lambda v, lam_, l_: self._link(_excess(lam_, jnp.abs(v)), l_),
               x, L.expand(lam, x), L.expand(l, x))
     saturated = L.map(lambda g, lam_: g > lam_, G, L.expand(lam, x))
     count = L.count(saturated, L.dtype(x))
-    unsaturated = L.map(lambda g, sat: jnp.where(sat, jnp.zeros_like(g), g), G, saturated)
-    return lam * (count - k) + L.sum(unsaturated)
+    c = _scale(lam)
+    unsaturated = L.map(lambda g, sat, c_: jnp.where(sat, jnp.zeros_like(g), g * c_),
+                        G, saturated, L.expand(c, x))
+    return (c * lam) * (count - k) + L.sum(unsaturated)
 
   def step_scale(self, lam, l):
     return lam
 
   def residual_scale(self, lam, k):
-    return (k + 1) * lam
+    return (k + 1) * (_scale(lam) * lam)
 
   def bracket(self, x, k, l) -> Bracket:
     """Rows answered without iterating, and a bracket [lo, hi] of the others' root.
@@ -202,7 +216,7 @@ class Magnitude:
       return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
 
     B, _ = jax.lax.fori_loop(0, _BISECT_STEPS, bisect, (A, top_min))
-    return jnp.where(binary, 0.5 * (A + B), lam)
+    return jnp.where(binary, midpoint(A, B), lam)  # A + B can overflow
 
   # -- solver-specific pieces ------------------------------------------------------
   def supports(self, solver_name: str) -> None:
