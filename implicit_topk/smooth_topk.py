@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import warnings
 from typing import Any, Callable
 
 import jax
@@ -71,9 +70,9 @@ def _positional_strength(args: tuple, regularization_strength: Any, function: st
       and not _deprecation._equal(regularization_strength, _deprecation.DEFAULT_STRENGTH)):
     raise TypeError(f"{function}() got the strength both positionally and as "
                     f"`regularization_strength`; pass `regularization_strength` only.")
-  warnings.warn(f"{function}(): passing the regularization strength positionally is "
-                f"deprecated and will be removed in {_deprecation.REMOVED_IN}; use "
-                f"`regularization_strength=` instead.", DeprecationWarning, stacklevel=3)
+  _deprecation.warn(f"{function}(): passing the regularization strength positionally is "
+                    f"deprecated and will be removed in {_deprecation.REMOVED_IN}; use "
+                    f"`regularization_strength=` instead.")
   return args[0]
 
 
