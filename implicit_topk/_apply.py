@@ -143,7 +143,7 @@ def call_with_auto_axes(fn: Callable, x: Any, *args: Any, reduced_axis: int,
   with jax.sharding.use_abstract_mesh(auto_mesh):
     leaves = [jax.sharding.reshard(leaf, jax.sharding.PartitionSpec()) if array else leaf
               for leaf, array in zip(leaves, is_array)]
-    x_, args_, kwargs_ = treedef.unflatten(leaves)
+    x_, args_, kwargs_ = jax.tree.unflatten(treedef, leaves)
     out = fn(x_, *args_, **kwargs_)
   x_spec, x_shape = _spec_of(x), np.shape(x)
   return jax.tree.map(

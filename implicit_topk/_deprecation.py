@@ -22,7 +22,8 @@ REMOVED_IN = "0.3.0"
 def warn(message: str) -> None:
   """A DeprecationWarning attributed to the first caller outside this package (the user's
   line), however many of the package's frames (decorators, helpers) lie in between."""
-  frame, level = sys._getframe(1), 2  # stacklevel 2: the caller of warn()
+  frame: Any = sys._getframe(1)  # the caller of warn(): stacklevel 2
+  level = 2
   while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
     frame, level = frame.f_back, level + 1
   warnings.warn(message, DeprecationWarning, stacklevel=level)
