@@ -29,7 +29,9 @@ Each round removes at least one boundary: at most ``n - 1`` rounds, typically a 
 
 Everything is kept per block (arrays of length ``n``, entry ``j`` for block ``j``):
 the start positions and the statistics that merge by sums, so a round is one scan
-(the new block numbers) and a few sorted segment sums; nothing is ``n x n``.
+(the new block numbers) and a few segmented scans (:func:`segmented_scan`: sums
+within runs of adjacent blocks, then one scatter to distinct addresses); nothing is
+``n x n``, and no two entries ever add into one address (a GPU serializes those).
 
 * ``p = 2``: :math:`u_B = \mathrm{mean}_B(s - l w)`: sums of ``s - l w``.
 * entropy (:math:`g = \exp`): :math:`u_B = M_B + l \log \sum_B e^{(s_i - M_B)/l} - l \log W_B`
@@ -117,19 +119,85 @@ def _flat(index, size):
   return (index + (jnp.arange(rows, dtype=index.dtype) * size)[:, None]).reshape(-1)
 
 
-def _segment(op, values, index, size):
-  """``op`` (a jax.ops segment reduction) of (R, m[, k]) ``values`` over the sorted
-  per-row segment ids ``index`` (R, m) in [0, size): (R, size[, k])."""
-  rows, m = index.shape
-  out = op(values.reshape((rows * m,) + values.shape[2:]), _flat(index, size),
-           num_segments=rows * size, indices_are_sorted=True)
-  return out.reshape((rows, size) + values.shape[2:])
-
-
 def _gather(values, index):
   """``values[r, index[r, i]]`` for a (R, size) array and sorted (R, m) indices."""
   return values.reshape(-1).at[_flat(index, values.shape[1])].get(
       mode="promise_in_bounds", indices_are_sorted=True).reshape(index.shape)
+
+
+def segmented_scan(values, reach, *, op=jnp.add, reverse: bool = False):
+  r"""Inclusive scan of ``op`` along axis 1 within runs of consecutive entries.
+
+  ``out[:, i] = op(values[:, i - reach[:, i]], ..., values[:, i])`` (``reverse``:
+  ``values[:, i .. i + reach[:, i]]``), ``reach`` (int32, (R, m)) the distance from
+  ``i`` to its run's first (``reverse``: last) entry; ``values`` (R, m[, k]). Hillis
+  and Steele (1986, "Data parallel algorithms"): level ``d`` combines with the partial
+  result ``2**d`` back where ``reach >= 2**d``; after ``ceil(log2 m)`` levels each
+  entry covers its run (by induction, entry ``i`` covers
+  ``[max(i - 2**d + 1, i - reach_i), i]`` after ``d`` levels, since
+  ``reach_{i - 2**d} = reach_i - 2**d`` in one run). O(m log m) work, no scatter, so
+  no two entries ever add into one address (serialized atomics on GPUs); sums stay
+  within a run (no cancellation against a long prefix). Linear in ``values`` for
+  ``op=jnp.add``: JAX derives its transpose (the same levels the other way), again
+  scatter-free, keeping one mask of m booleans per level. The levels are unrolled
+  (static shifts, which XLA fuses): the program grows with ``log2 m``.
+  """
+  m = values.shape[1]
+  reach = reach.reshape(reach.shape + (1,) * (values.ndim - 2))
+  for d in range(max(0, int(m - 1).bit_length())):
+    k = 1 << d
+    values = jnp.where(reach >= k, op(values, _shift(values, k if reverse else -k, 0)), values)
+  return values
+
+
+def run_reach(first):
+  """``(from_first, to_last)``: each entry's distance to the first and to the last entry
+  of its run, for the runs that begin where ``first`` (R, m) is True (entry 0 always
+  begins one): int32 (R, m), the ``reach`` of :func:`segmented_scan`. O(m): a cumsum
+  (the run numbers), one scatter per end to distinct addresses, two gathers (XLA:CPU
+  runs a cumulative max as a reduce-window whose cost is quadratic in m)."""
+  rows, m = first.shape
+  first = first.at[:, 0].set(True)
+  run = _cumsum(first.astype(jnp.int32)) - 1
+  position = lax.broadcasted_iota(jnp.int32, (rows, m), 1)
+
+  def at_runs(flags):
+    flat = jnp.where(flags, _flat(run, m).reshape(rows, m), rows * m).reshape(-1)
+    ends = jnp.zeros((rows * m,), jnp.int32).at[flat].set(
+        position.reshape(-1), mode="drop", unique_indices=True)
+    return _gather(ends.reshape(rows, m), run)
+
+  return position - at_runs(first), at_runs(_shift(first, 1, True)) - position
+
+
+def _run_reduce(op, values, starts, size):
+  """``op`` (``jnp.add``, ``jnp.minimum``, ``jnp.maximum``) of (R, m[, k]) ``values`` over
+  the runs that begin where ``starts`` (R, m) is True (entry 0 always begins one), run
+  ``j`` at index ``j`` of an (R, size) array (``size`` >= the runs; the identity past
+  them: 0, inf or -inf). A contention-free segment reduction: :func:`segmented_scan` to
+  each run's first entry, then one scatter whose indices are distinct (each run's
+  first entry to its run's index; the rest dropped). On CPU, where scatters run
+  serially (no atomics), the O(m) segment reduction, several times faster."""
+  rows, m = starts.shape
+  tail = values.shape[2:]
+  run = _cumsum(starts.astype(jnp.int32)) - 1
+
+  def on_cpu(values):  # serial scatters on CPU (no atomics): the O(m) segment reduction
+    segment = {jnp.add: jax.ops.segment_sum, jnp.minimum: jax.ops.segment_min,
+               jnp.maximum: jax.ops.segment_max}[op]
+    out = segment(values.reshape((rows * m,) + tail), _flat(run, size),
+                  num_segments=rows * size, indices_are_sorted=True)
+    return out.reshape((rows, size) + tail)
+
+  def default(values):
+    totals = segmented_scan(values, run_reach(starts)[1], op=op, reverse=True)
+    flat = jnp.where(starts, _flat(run, size).reshape(rows, m), rows * size).reshape(-1)
+    identity = {jnp.add: 0, jnp.minimum: jnp.inf, jnp.maximum: -jnp.inf}[op]
+    out = jnp.full((rows * size,) + tail, identity, values.dtype)
+    return out.at[flat].set(totals.reshape((-1,) + tail), mode="drop",
+                            unique_indices=True).reshape((rows, size) + tail)
+
+  return lax.platform_dependent(values, cpu=on_cpu, default=default)
 
 
 _SCAN_BLOCK = 16
@@ -212,15 +280,15 @@ class _ClosedForm:
     """Statistics of the merged blocks (``new_index``: the new block of each old one)."""
     del ids
     size = new_index.shape[1]
+    starts = new_index != _shift(new_index, -1, -1)
     if self.kind == "p2":
-      both = _segment(jax.ops.segment_sum, jnp.stack([stats["c"], stats["t"]], -1),
-                      new_index, size)
+      both = _run_reduce(jnp.add, jnp.stack([stats["c"], stats["t"]], -1), starts, size)
       return {"c": both[..., 0], "t": both[..., 1]}, None
-    top = _segment(jax.ops.segment_max, stats["m"], new_index, size)  # the first s
+    top = _run_reduce(jnp.maximum, stats["m"], starts, size)  # the first s
     shift = jnp.where(stats["c"] > 0, stats["m"] - _gather(top, new_index), 0)
     scaled = stats["e"] * jnp.exp(shift / self.l)
-    summed = _segment(jax.ops.segment_sum, jnp.stack([stats["c"], scaled, stats["w"]], -1),
-                      new_index, size)
+    summed = _run_reduce(jnp.add, jnp.stack([stats["c"], scaled, stats["w"]], -1), starts,
+                         size)
     return {"c": summed[..., 0], "m": top, "e": summed[..., 1], "w": summed[..., 2]}, None
 
 
@@ -242,12 +310,13 @@ class _Newton:
   def merge(self, stats, new_index, ids):
     size = new_index.shape[1]
     ids = _gather(new_index, ids)
-    sums = _segment(jax.ops.segment_sum,
-                    jnp.stack([stats["c"], stats["w"], stats["sum_s"]], -1), new_index, size)
+    starts = new_index != _shift(new_index, -1, -1)
+    sums = _run_reduce(jnp.add, jnp.stack([stats["c"], stats["w"], stats["sum_s"]], -1),
+                       starts, size)
     c, w, sum_s = sums[..., 0], sums[..., 1], sums[..., 2]
     # A merged block's root lies between the values it pools.
-    lo = _segment(jax.ops.segment_min, stats["u"], new_index, size)
-    hi = _segment(jax.ops.segment_max, stats["u"], new_index, size)
+    lo = _run_reduce(jnp.minimum, stats["u"], starts, size)
+    hi = _run_reduce(jnp.maximum, stats["u"], starts, size)
     u = self._newton(ids, w, sum_s, c, lo, hi)
     return {"c": c, "w": w, "sum_s": sum_s, "u": u}, ids
 
@@ -266,10 +335,12 @@ class _Newton:
     v = jnp.where((lo < start) & (start < hi), start, 0.5 * (lo + hi))
     v = jnp.where(active, v, lo)
 
+    starts = ids != _shift(ids, -1, -1)
+
     def evaluate(v):
       z = (s - _gather(v, ids)) / l
       g, dg = jax.jvp(link, (z,), (jnp.ones_like(z),))
-      both = _segment(jax.ops.segment_sum, jnp.stack([g, dg], -1), ids, size)
+      both = _run_reduce(jnp.add, jnp.stack([g, dg], -1), starts, size)
       return both[..., 0], both[..., 1] / l
 
     def body(state):
@@ -420,10 +491,11 @@ def isotonic_blocks(s, w, l, regularizer, *, gallop: int = 8):
     counts = stats["c"].astype(jnp.int32)
     if closed:  # the entries' blocks from the block sizes
       ends = _cumsum(counts)  # block j covers [ends[j] - counts[j], ends[j])
-      starts = jnp.zeros((rows, n), jnp.int32).reshape(-1).at[
-          _flat(jnp.minimum(ends, n - 1), n)].add(
-              ((ends < n) & (counts > 0)).astype(jnp.int32).reshape(-1),
-              mode="promise_in_bounds", indices_are_sorted=True).reshape(rows, n)
+      # a 1 where each block after the first begins: distinct addresses (the rest dropped)
+      begins = ((ends < n) & (counts > 0)).reshape(-1)
+      starts = jnp.zeros((rows * n,), jnp.int32).at[
+          jnp.where(begins, _flat(ends, n), rows * n)].set(
+              1, mode="drop", unique_indices=True).reshape(rows, n)
       ids = _cumsum(starts)
     values = jnp.where(counts > 0, model.value(stats), 0).astype(s.dtype)
     return jnp.pad(values, ((0, 0), (0, n - size))), ids, rounds
