@@ -23,16 +23,11 @@ import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import implicit_topk as itk  # noqa: E402
+import device_checks  # noqa: E402
+from device_checks import report  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-FAILED = []
-
-
-def report(ok, name, detail=""):
-  print(f"{'OK  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
-  if not ok:
-    FAILED.append(name)
 
 
 def compare(name, got, want, rtol, atol):
@@ -229,13 +224,7 @@ def main(groups):
       "errors": lambda: group_errors(mesh),
       "tree": lambda: group_tree(mesh),
   }
-  for group in groups or [name for name in runs if name != "fast"]:
-    try:
-      runs[group]()
-    except Exception as e:  # pylint: disable=broad-except
-      report(False, f"group {group}", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-  print("FAILED", FAILED if FAILED else "none")
-  return 1 if FAILED else 0
+  return device_checks.run_named_groups(runs, groups or [name for name in runs if name != "fast"])
 
 
 if __name__ == "__main__":

@@ -19,23 +19,18 @@ import contextlib
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
+
+import device_checks
+from device_checks import report
 
 SCRIPT = pathlib.Path(__file__)
 
 
 def _run(*groups):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  result = subprocess.run([sys.executable, str(SCRIPT), *groups], env=env, capture_output=True,
-                          text=True, timeout=900)
-  lines = [l for l in result.stdout.splitlines() if l.startswith(("OK  ", "FAIL "))]
-  report = "\n".join(lines)
-  assert result.returncode == 0, report + "\n" + result.stderr[-3000:]
-  assert lines and all(l.startswith("OK  ") for l in lines), report
-  return report
+  return device_checks.run_script(SCRIPT, *groups)
 
 
 def test_segment_op_on_explicit_mesh():
@@ -67,14 +62,7 @@ def test_shard_map_on_explicit_mesh():
 
 # ---- the script (run in the subprocess) -------------------------------------------------
 
-FAILED = []
 ATOL = RTOL = 1e-10
-
-
-def report(ok, name, detail=""):
-  print(f"{'OK  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
-  if not ok:
-    FAILED.append(name)
 
 
 def attempt(name, fn):
@@ -310,13 +298,7 @@ def main(groups):
   for family, names in FAMILIES.items():
     runs[f"explicit_{family}"] = lambda names=names: group_all(explicit, "explicit", names)
     runs[f"auto_{family}"] = lambda names=names: group_all(auto, "auto", names)
-  for group in groups or list(runs):
-    try:
-      runs[group]()
-    except Exception as e:  # pylint: disable=broad-except
-      report(False, f"group {group}", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-  print("FAILED", FAILED if FAILED else "none")
-  return 1 if FAILED else 0
+  return device_checks.run_named_groups(runs, groups)
 
 
 if __name__ == "__main__":

@@ -22,23 +22,15 @@ import sys
 
 import pytest
 
+import test_readme_example
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 MAX_WORDS = 3000
 
 
-def python_blocks(text: str) -> list[str]:
-  """The code of every ```python block (indented ones too, with the indent removed)."""
-  out = []
-  for m in re.finditer(r"^([ \t]*)```python\n(.*?)^\1```", text, flags=re.S | re.M):
-    indent = m.group(1)
-    out.append("".join(line[len(indent):] if line.startswith(indent) else line
-                       for line in m.group(2).splitlines(keepends=True)))
-  return out
-
-
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = test_readme_example.python_blocks(README.read_text(encoding="utf-8"))
 
 
 def _first_line(code: str, needle: str) -> int | None:

@@ -10,25 +10,17 @@ l = 0.1) and shard_map on a small row; the slow group runs every operator, shape
 dtype and mesh.
 """
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+import device_checks
 
 SCRIPT = pathlib.Path(__file__).with_name("sharded_check.py")
 
 
 def _run(*groups):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  result = subprocess.run([sys.executable, str(SCRIPT), *groups], env=env, capture_output=True,
-                          text=True, timeout=1800)
-  lines = [l for l in result.stdout.splitlines() if l.startswith(("OK  ", "FAIL "))]
-  report = "\n".join(lines)
-  assert result.returncode == 0, report + "\n" + result.stderr[-3000:]
-  assert lines and all(l.startswith("OK  ") for l in lines), report
-  return report
+  return device_checks.run_script(SCRIPT, *groups, timeout=1800)
 
 
 def test_issue_case_and_shard_map_without_gather():
