@@ -1441,7 +1441,7 @@ def test_found_hard_topk_mask_signed_zero_tie():
   assert_close(itk.hard_topk_mask(np.array([-0.0, 0.0, 1.0]), 2), [1.0, 0.0, 1.0], 0.0, "-0.0 tie")
 
 
-@pytest.mark.xfail(strict=True, reason="documented limit (README, limits of floating point): rows "
+@pytest.mark.xfail(strict=True, reason="documented limit (docs/operators.md, floating-point limits): rows "
                    "within l/sqrt(eps) of 0 are solved unshifted, so a fractional entry is resolved to "
                    "the ulp of max(|x_i|, |lam|), not of its distance from the row maximum (all-equal "
                    "rows miss k/n by 4e-10)")
