@@ -94,6 +94,27 @@ def test_dykstra_matches_pav_at_tol(n, ties):
     np.testing.assert_allclose(y, exact, atol=1e-5)
 
 
+def test_dykstra_reads_the_blocks_off_its_multipliers_float32():
+  """Issue 27: in float32 the residual of 1 x 1000, k = 10 stayed above 1e-6 (rounding),
+  so every call ran maxiter = 10000 sweeps; the blocks read off the multipliers and
+  tested (proofs/dykstra_snap.md) end those rows with the exact mask."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 1000), jnp.float32)
+  y, info = itk.soft_topk_mask(x, 10, p=2.0, solver="dykstra", return_info=True)
+  exact = itk.soft_topk_mask(x, 10, p=2.0, solver="pav")
+  assert np.all(info.iter_num < 1000), info.iter_num
+  np.testing.assert_allclose(y, exact, atol=1e-6)
+  l1 = jnp.sum(jnp.abs(y - exact), axis=-1)
+  np.testing.assert_allclose(info.residual, l1, atol=2e-5)  # rounding of both masks
+
+
+def test_dykstra_snap_keeps_fixed_budgets_at_tol_zero():
+  """tol = 0 (the unrolled study's budgets): plain sweeps, exactly maxiter of them."""
+  x = _rows(11, (2, 200))
+  _, info = itk.soft_topk_mask(x, 20.0, regularization_strength=0.3, p=2.0,
+                               solver="dykstra", tol=0.0, maxiter=100, return_info=True)
+  assert np.all(info.iter_num == 100)
+
+
 @pytest.mark.slow
 def test_dykstra_implicit_gradient_matches_the_exact_one():
   x, w = _rows(6, (3, 300)), _rows(7, (3, 300))

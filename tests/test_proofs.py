@@ -31,6 +31,7 @@ NAMES = [
     "pallas_certificate",
     "native_bracket",
     "standardized_strength",
+    "dykstra_snap",
 ]
 
 

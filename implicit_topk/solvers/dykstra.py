@@ -44,7 +44,14 @@ class DykstraSolver(ThresholdRootSolver):
   For the mask a row stops once :math:`|\sum_i y_i(\lambda) - k| \le` ``tol``,
   which certifies :math:`\|y - y^\star\|_1 \le` ``tol``, or after ``maxiter``
   sweeps (a tolerance on the change between sweeps, the usual rule, certifies
-  nothing). The derivatives come from the implicit function theorem on
+  nothing). With ``tol > 0``, every 32 sweeps the blocks that Dykstra's positive
+  multipliers mark are pooled exactly and tested (KKT: ordered block means,
+  nonnegative prefix multipliers; de Leeuw, Hornik and Mair 2009,
+  ``proofs/dykstra_snap.md``); a row whose blocks pass stops with the exact solution
+  (to rounding): Dykstra finds the blocks in about as many sweeps as the longest
+  block is long, its values need about its square (1 x 1000, k = 10, float32: ~200
+  sweeps instead of 10000, where float32 rounding kept the residual above 1e-6).
+  ``RootState.residual`` is the exact L1 error either way. The derivatives come from the implicit function theorem on
   :math:`\sum_i y_i - k = 0` (Blondel et al. 2022, "Efficient and modular implicit
   differentiation", NeurIPS), or with ``implicit_diff=False`` from autodiff through
   exactly ``maxiter`` sweeps (unrolled). The interface follows jaxopt.
