@@ -215,13 +215,22 @@ def _sorted_argmax(values, ids, s, w, l, regularizer):
 
 def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
   """The LP along ``axis`` for ``x``, ``w`` (None: the ranks; an array given for both
-  has one shape): the shape and dtype of the given array."""
+  has one shape): the shape and dtype of the given array. One cached ``jax.jit`` per
+  regularizer, solver and axis (an unhashable user-defined regularizer runs without
+  it), so that eager calls trace once per shape."""
   data = x if x is not None else w
   axis = _validation.canonicalize_axis(axis, data.ndim)
   _validation.check_positive(l, "regularization_strength")
   _validation.check_choice(solver, "solver", SOLVERS)
   solver = "pav_jax" if solver == "auto" else solver
   regularizer = regularizers.resolve(regularizer, p)
+  run = _lp_on_axis_jit if _apply._hashable(regularizer) else _lp_on_axis  # pylint: disable=protected-access
+  return run(x, w, _apply.as_parameter(l, data.dtype), regularizer=regularizer, axis=axis,
+             solver=solver)
+
+
+def _lp_on_axis(x, w, l, *, regularizer, axis, solver):
+  data = x if x is not None else w
 
   def on_rows(moved):
     if moved.size == 0:
@@ -237,6 +246,9 @@ def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
     return _lp(x_rows, w_rows, l_rows, regularizer, dtype, solver).reshape(moved.shape)
 
   return _apply.apply_on_axis(on_rows, data, axis)
+
+
+_lp_on_axis_jit = jax.jit(_lp_on_axis, static_argnames=("regularizer", "axis", "solver"))
 
 
 @_apply.explicit_axes_as_auto

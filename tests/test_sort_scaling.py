@@ -46,6 +46,16 @@ def _equations(jaxpr, skip=None):
           yield from _equations(sub, skip)
 
 
+def _outside_branches(jaxpr):
+  """The equations of ``jaxpr`` and of the ``jit`` calls in it (the operators' cached
+  jit), but not of the solver's jit (``_jax_blocks``) nor of branches (the platform
+  switch's ``cond``)."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    if eqn.primitive.name in ("pjit", "jit") and eqn.params.get("name") != "_jax_blocks":
+      yield from _outside_branches(eqn.params["jaxpr"].jaxpr)
+
+
 def _programs(name, n, solver, regularizer):
   fn = getattr(itk, name)
   kwargs = dict(solver=solver, regularizer=regularizer)
@@ -58,7 +68,11 @@ def _programs(name, n, solver, regularizer):
   return forward.jaxpr, backward.jaxpr
 
 
-CASES = [(name, solver, regularizer) for name in ("soft_sort", "soft_rank")
+# The default run checks one case per operator (the default solver and regularizer); the
+# slow group every solver and regularizer.
+CASES = [pytest.param(name, solver, regularizer,
+                      marks=() if (solver, regularizer) == ("auto", None) else pytest.mark.slow)
+         for name in ("soft_sort", "soft_rank")
          for solver in ("auto", "pav_jax")
          for regularizer in (None, "entropy", itk.PNorm(1.5))]
 
@@ -101,7 +115,7 @@ def test_the_jaxpr_marks_the_permutation_scatters_unique():
   for name in ("soft_sort", "soft_rank"):
     fn = getattr(itk, name)
     grad = jax.make_jaxpr(jax.grad(lambda x: (fn(x) * jnp.arange(257.0)).sum()))(x)
-    top = [e for e in grad.jaxpr.eqns if "scatter" in e.primitive.name]
+    top = [e for e in _outside_branches(grad.jaxpr) if "scatter" in e.primitive.name]
     assert top and all(e.params["unique_indices"] for e in top), name
 
 
@@ -118,7 +132,7 @@ def test_program_grows_like_log_n(name):
                           for j in (forward, backward))
     # the only loops are the solver's rounds (in its jit, forward only)
     outside = [e.primitive.name for e in _equations(backward, skip="_jax_blocks")]
-    assert "_jax_blocks" in [e.params.get("name") for e in backward.eqns]
+    assert "_jax_blocks" in [e.params.get("name") for e in _equations(backward)]
     assert not {"scan", "while"} & set(outside), set(outside)
   # a + b log2(n) equations (the scans' levels; the CPU cumsum's levels of 16): from
   # n = 256 to 65539 the program less than doubles, and the growth per doubling of n
@@ -130,7 +144,7 @@ def test_program_grows_like_log_n(name):
     assert s2[part] < 2 * s0[part], sizes
 
 
-@pytest.mark.parametrize("n", [2 ** 8, 2 ** 14])
+@pytest.mark.parametrize("n", [2 ** 8, pytest.param(2 ** 14, marks=pytest.mark.slow)])
 def test_merge_rounds_stay_few_on_one_block(n):
   """Soft ranks at strength 1 pool the whole row into one block (the case that made
   the GPU serialize): the solver's rounds do not grow with n."""

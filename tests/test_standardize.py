@@ -43,7 +43,8 @@ def test_every_mask_operator_is_invariant_under_scale_and_shift(c, b):
     close(moved[key], out[key], tol)
 
 
-@pytest.mark.parametrize("p", [4.0 / 3.0, 1.5, 2.0])
+@pytest.mark.parametrize("p", [4.0 / 3.0, pytest.param(1.5, marks=pytest.mark.slow),
+                               pytest.param(2.0, marks=pytest.mark.slow)])
 def test_magnitude_operators_are_equivariant(p):
   for c in (1e-4, 37.0):
     m = itk.soft_topk_mag(X, 3, p=p, standardize=True)
