@@ -94,6 +94,7 @@ def test_dykstra_matches_pav_at_tol(n, ties):
     np.testing.assert_allclose(y, exact, atol=1e-5)
 
 
+@pytest.mark.slow  # solver="pav" as the reference: its kernels compile on first use
 def test_dykstra_reads_the_blocks_off_its_multipliers_float32():
   """Issue 27: in float32 the residual of 1 x 1000, k = 10 stayed above 1e-6 (rounding),
   so every call ran maxiter = 10000 sweeps; the blocks read off the multipliers and
