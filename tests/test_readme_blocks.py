@@ -103,7 +103,7 @@ def test_readme_block_runs(index, tmp_path):
 
 def _programs(path: pathlib.Path) -> list[str]:
   """The python blocks of a docs page that are whole programs (they set up their devices)."""
-  return [b for b in python_blocks(path.read_text(encoding="utf-8"))
+  return [b for b in test_readme_example.python_blocks(path.read_text(encoding="utf-8"))
           if b.startswith("import os\nos.environ[\"XLA_FLAGS\"]")]
 
 
