@@ -313,7 +313,15 @@ def _finite_counts(row, n, origin):
 
 @njit(**_OPTIONS)
 def _order_statistics(values, count, m, j, scratch):
-  """(x_(m), x_(j+1)) of values[:count] (1-based, largest first), j in {m - 1, m}.
+  """(x_(m), x_(j+1)) of values[:count]: see :func:`_order_statistics_after`."""
+  x_m, x_next, _ = _order_statistics_after(values, count, m, j, scratch)
+  return x_m, x_next
+
+
+@njit(**_OPTIONS)
+def _order_statistics_after(values, count, m, j, scratch):
+  """(x_(m), x_(j+1), x_(m+1)) of values[:count] (1-based, largest first; -inf past
+  the count), j in {m - 1, m}.
 
   Small ``m``: one pass keeping the m + 1 largest in ``scratch``, sorted (an insertion
   that is rarely taken); large ``m``: a quickselect on a copy in ``scratch``.
@@ -331,14 +339,15 @@ def _order_statistics(values, count, m, j, scratch):
         scratch[position] = scratch[position - 1]
         position -= 1
       scratch[position] = v
-    return scratch[m - 1], scratch[j]
+    x_after = scratch[m] if size > m else -np.inf
+    return scratch[m - 1], scratch[j], x_after
   for i in range(count):
     scratch[i] = values[i]
   _select_descending(scratch, count, m - 1)
   x_after = -np.inf
   for i in range(m, count):
     x_after = max(x_after, scratch[i])
-  return scratch[m - 1], scratch[m - 1] if j < m else x_after
+  return scratch[m - 1], scratch[m - 1] if j < m else x_after, x_after
 
 
 @njit(**_OPTIONS)
@@ -356,37 +365,52 @@ def _sample_cut(row, n, k, scratch):
 
 
 @njit(**_OPTIONS)
+def _gather_near_top(row, n, origin, cut, low, work):
+  """Copies the entries ``v - origin`` above ``low`` into ``work`` (branch-free);
+  returns their count and how many of them are at least ``cut``."""
+  count = 0
+  for i in range(n):
+    v = max(row[i] - origin, _LOWEST)
+    work[count] = v
+    count += v > low
+  above = 0
+  for i in range(count):
+    above += work[i] >= cut
+  return count, above
+
+
+@njit(**_OPTIONS)
 def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess):
   """The threshold of a p-norm row, relative to ``origin``; see the module docstring.
   ``finite``: every entry is finite; ``top``: then the row's maximum. Returns (lam,
   passes).
 
-  The candidates: with ``t`` = the row maximum minus ``guess[0]`` (the previous row's
-  distance from its maximum to its threshold) and at least ``ceil(k) + 1`` entries
-  above ``t``, the ``ceil(k) + 1`` largest are above ``t`` and every entry above
-  ``x_(m) - l >= t - l`` is above ``t - l``: one branch-free pass gathers the entries
-  above ``t - l``. Otherwise (the first row, a guess too high, non-finite entries)
-  every finite entry is a candidate. Either way the bracket
-  ``[x_(m) - l, x_(j+1)]`` is taken from the candidates (selected on a copy) and
-  Newton runs on the candidates above ``x_(m) - l`` in row order, from the middle of
-  the bracket: the result does not depend on the guess, nor on the other rows.
+  The candidates: with ``t`` = the row maximum minus ``guess[0]`` (a running mean of
+  the previous rows' distances from their maximum to their ``ceil(k) + 1``-th largest
+  entry plus 3 running mean deviations, :func:`_update_guess`) and at least
+  ``ceil(k) + 1`` entries at or above ``t``, the ``ceil(k) + 1`` largest are at or
+  above ``t`` and every entry above ``x_(m) - l >= t - l`` is above ``t - l``: one pass
+  gathers the entries above ``t - l`` (a second with twice the distance if the first
+  finds too few). Otherwise (the first row, non-finite entries) every finite entry is
+  a candidate. Either way the bracket ``[x_(m) - l, x_(j+1)]`` is taken from the
+  candidates (selected on a copy) and Newton runs on the candidates above
+  ``x_(m) - l`` in row order, from a point inside the bracket: the result does not
+  depend on the guess, nor on the other
+  rows.
   """
   top = top - origin if finite and n > 0 else np.nan
   k_f, count = k, -1
-  if finite and guess[0] == np.inf and n >= _SAMPLED_ROW and k > 0.0 and k < n - 1:
+  interior = finite and k > 0.0 and k < n - 1
+  if interior and guess[0] == np.inf and n >= _SAMPLED_ROW:
     guess[0] = top - (_sample_cut(row, n, k, scratch) - origin)
-  if finite and guess[0] < np.inf and k > 0.0 and k < n - 1:
-    cut = top - guess[0]
-    low = cut - l
-    above = 0
-    count = 0
-    for i in range(n):  # branch-free gather of the entries above low
-      v = max(row[i] - origin, _LOWEST)
-      work[count] = v
-      count += v > low
-      above += v > cut
-    if above < math.ceil(k) + 1:
-      count = -1
+  if interior and guess[0] < np.inf:
+    distance = guess[0]
+    for _ in range(2):
+      cut = top - distance
+      count, above = _gather_near_top(row, n, origin, cut, cut - l, work)
+      if above >= math.ceil(k) + 1:
+        break
+      count, distance = -1, 2.0 * distance + l
   if count < 0:
     n_pos_inf, n_above, nan, x_min, x_max = _finite_counts(row, n, origin)
     known, value = _known_row(n_pos_inf, n_above, nan, x_min, x_max, k, l, 0.0, 2.0 * l)
@@ -395,7 +419,7 @@ def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess)
     k_f = k - n_pos_inf
     count = _gather_above(row, n, -np.inf, origin, work)
   m, j = int(math.ceil(k_f)), int(math.floor(k_f))
-  x_m, x_next = _order_statistics(work, count, m, j, scratch)
+  x_m, x_next, x_after = _order_statistics_after(work, count, m, j, scratch)
   lo, hi = x_m - l, x_next
   if j == m and lo >= hi:  # binary: the middle of the flat root interval
     lam, passes = _midpoint(hi, lo), 0
@@ -405,9 +429,22 @@ def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess)
     # one or two passes against the middle for p = 4/3 (a = 3) and is the middle for p = 2.
     start = lo + min(max(0.5 ** a, 0.1), 0.9) * (hi - lo)
     lam, passes = _newton(work, count, k_f, l, PNORM, a, lo, hi, start, tol)
-  if finite and abs(lam) < np.inf:
-    guess[0] = max(top - lam, 0.0)
+  if interior and x_after > -np.inf:
+    _update_guess(guess, top - x_after)
   return lam, passes
+
+
+@njit(inline="always", **_OPTIONS)
+def _update_guess(guess, gap):
+  """Running mean ``guess[1]`` and mean deviation ``guess[2]`` (weight 1/8 for the new
+  row) of the rows' gaps from their maximum to their ``ceil(k) + 1``-th largest entry;
+  the next row's distance ``guess[0]`` = mean + 3 deviations."""
+  if guess[1] == np.inf:
+    guess[1], guess[2] = gap, 0.25 * gap
+  else:
+    guess[2] += 0.125 * (abs(gap - guess[1]) - guess[2])
+    guess[1] += 0.125 * (gap - guess[1])
+  guess[0] = guess[1] + 3.0 * guess[2]
 
 
 @njit(**_OPTIONS)
@@ -482,41 +519,57 @@ def _mask_value(v, lam, l, kind, a):
 @njit(**_OPTIONS)
 def _write_mask(row, n, lam, l, kind, a, origin, finite, out):
   """out[i] = the mask of row[i] - origin at threshold lam; returns the sum of out as
-  stored.
-
-  Finite rows and thresholds (nearly all) take a branch-free loop: the clipped
-  ``z = (x - lam) / l`` is exactly 0 or 1 where the distance ``x - lam`` is at most 0
-  or at least ``l`` (a correctly rounded division is monotone); other rows the
-  entry-by-entry rules of :func:`_mask_value`.
-  """
+  stored. Finite rows and thresholds (nearly all) take the vectorized
+  :func:`_write_finite_mask`; other rows the entry-by-entry rules of
+  :func:`_mask_value`."""
+  if abs(lam) < np.inf and finite:
+    return _write_finite_mask(row, n, lam, l, kind, a, origin, out)
   total = 0.0
-  if not (abs(lam) < np.inf and finite):
-    for i in range(n):
-      v = max(row[i] - origin, _LOWEST) if abs(row[i]) < np.inf else row[i]
-      out[i] = _mask_value(v, lam, l, kind, a)
-      total += out[i]
-    return total
+  for i in range(n):
+    v = max(row[i] - origin, _LOWEST) if abs(row[i]) < np.inf else row[i]
+    out[i] = _mask_value(v, lam, l, kind, a)
+    total += out[i]
+  return total
+
+
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _write_finite_mask(row, n, lam, l, kind, a, origin, out):
+  """The mask of a finite row at a finite threshold, branch-free (vectorized; only the
+  sum is reassociated). ``z = (x - lam) / l`` is taken as ``(x - lam) * (1 / l)``,
+  clipped to [0, 1] and set to exactly 1 where the distance ``x - lam`` is at least
+  ``l``, so saturated entries are exactly 0 and 1 as with a correctly rounded
+  division; in between the two differ by at most one rounding."""
+  total = 0.0
+  inv = 1.0 / l
   if kind == PNORM and a == 3.0:
     for i in range(n):
-      z = min(max((max(row[i] - origin, _LOWEST) - lam) / l, 0.0), 1.0)
-      out[i] = z * z * z
-      total += out[i]
+      d = max(row[i] - origin, _LOWEST) - lam
+      z = 1.0 if d >= l else min(max(d * inv, 0.0), 1.0)
+      w = out.dtype.type(z * z * z)
+      out[i] = w
+      total += w
   elif kind == PNORM and a == 1.0:
     for i in range(n):
-      out[i] = min(max((max(row[i] - origin, _LOWEST) - lam) / l, 0.0), 1.0)
-      total += out[i]
+      d = max(row[i] - origin, _LOWEST) - lam
+      w = out.dtype.type(1.0 if d >= l else min(max(d * inv, 0.0), 1.0))
+      out[i] = w
+      total += w
   elif kind == PNORM:
     for i in range(n):
-      out[i] = math.pow(min(max((max(row[i] - origin, _LOWEST) - lam) / l, 0.0), 1.0), a)
-      total += out[i]
+      d = max(row[i] - origin, _LOWEST) - lam
+      w = out.dtype.type(math.pow(1.0 if d >= l else min(max(d * inv, 0.0), 1.0), a))
+      out[i] = w
+      total += w
   elif kind == ENTROPY:
     for i in range(n):
-      out[i] = math.exp(min(_scaled_div(max(row[i] - origin, _LOWEST), lam, l), 0.0))
-      total += out[i]
+      w = out.dtype.type(math.exp(min(_scaled_div(max(row[i] - origin, _LOWEST), lam, l), 0.0)))
+      out[i] = w
+      total += w
   else:
     for i in range(n):
-      out[i] = _mask_terms(_scaled_div(max(row[i] - origin, _LOWEST), lam, l), kind, a)[0]
-      total += out[i]
+      w = out.dtype.type(_mask_terms(_scaled_div(max(row[i] - origin, _LOWEST), lam, l), kind, a)[0])
+      out[i] = w
+      total += w
   return total
 
 
@@ -530,7 +583,7 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   rows, n = x.shape
   work = np.empty(max(n, 1), np.float64)
   scratch = np.empty(max(n, 1), np.float64)
-  guess = np.full(1, np.inf)
+  guess = np.full(3, np.inf)  # the next row's distance to its cut; the gaps' mean, deviation
   tol = 4.0 * np.finfo(lam.dtype).eps
   root_eps = math.sqrt(np.finfo(lam.dtype).eps)
   for b in range(rows):

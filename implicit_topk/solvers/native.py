@@ -12,14 +12,13 @@ implicit function theorem on :math:`\phi(\lambda) = 0` as for every solver here.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk import _implicit
 from implicit_topk import regularizers
+from implicit_topk.solvers import mask_tangent
 from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 
 _TARGET = "implicit_topk_{}_{}"  # kernel family, dtype
@@ -65,28 +64,12 @@ def capped_simplex_kernel(x, k, l, attributes):
       **attributes)
 
 
-def _tangent_reference(problem, x, lam, shift, l, x_dot, k_dot, l_dot):
-  """The derivative kernels' linear map in JAX: the implicit function theorem on
-  ``problem.optimality`` at the root ``lam`` of the rows ``x - shift``, every
-  Jacobian-vector product by ``jax.jvp`` (as ``jax.lax.custom_root`` does):
-  ``(y_dot, lam_dot)`` for the tangents of ``x``, ``k`` and ``l``."""
-  optimality = lambda r, x_, k_, l_: problem.optimality(r, problem.shift(x_, shift), k_, l_)
-  k = jnp.zeros_like(lam)  # phi is linear in k: its value does not enter
-  _, slope = jax.jvp(lambda r: optimality(r, x, k, l), (lam,), (jnp.ones_like(lam),))
-  _, moved = jax.jvp(lambda *a: optimality(lam, *a), (x, k, l), (x_dot, k_dot, l_dot))
-  lam_dot = -_implicit._safe_divide(moved, slope)
-  _, y_dot = jax.jvp(lambda r, x_, l_: problem.primal(r, problem.shift(x_, shift), l_),
-                     (lam, x, l), (lam_dot, x_dot, l_dot))
-  return y_dot, lam_dot
-
-
-def _mask_operator(problem, attributes):
+def _mask_operator(attributes):
   """``(x, k, l) -> (mask, lam, passes, residual, shift)`` by the kernel, with the
-  derivatives of the implicit function theorem by the derivative kernels
-  (:mod:`implicit_topk.kernels.native_derivatives`): forward mode calls the tangent
-  kernel, reverse mode its transpose, the cotangent kernel; higher orders
-  differentiate :func:`_tangent_reference`, the same map in JAX."""
-  from implicit_topk.kernels import ffi
+  derivatives of the implicit function theorem written in JAX
+  (:func:`implicit_topk.solvers.mask_tangent.tangent`): XLA fuses them into two passes
+  over the rows, transposes them for reverse mode and differentiates them for higher
+  orders."""
 
   @jax.custom_jvp
   def operator(x, k, l):
@@ -98,11 +81,8 @@ def _mask_operator(problem, attributes):
     x, k, l = primals
     outs = operator(x, k, l)
     _, lam, _, _, shift = outs
-    full, rows = jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(lam.shape, x.dtype)
-    y_dot, lam_dot = ffi.linear_call(
-        _target("capped_simplex_tangent", x.dtype), _target("capped_simplex_cotangent", x.dtype),
-        (full, rows), (full, rows, rows), (x, lam, shift, l), tangents,
-        functools.partial(_tangent_reference, problem), **attributes)
+    y_dot, lam_dot = mask_tangent.tangent(int(attributes["kind"]), float(attributes["a"]),
+                                          x, lam, shift, l, *tangents)
     zeros = [jnp.zeros_like(out) for out in outs[2:]]
     return outs, (y_dot, lam_dot, *zeros)
 
@@ -157,14 +137,14 @@ class NativeSolver(ThresholdRootSolver):
 
   def solve_and_map(self, x, k, l):
     """The mask and the thresholds from one kernel call, which also normalizes the rows
-    (as ``problem.normalize``); derivatives by the implicit function theorem in the
-    derivative kernels (:func:`_mask_operator`)."""
+    (as ``problem.normalize``); derivatives by the implicit function theorem
+    (:func:`_mask_operator`)."""
     if not self.implicit_diff:
       return super().solve_and_map(x, k, l)  # run() refuses it with a clear error
     self._check_dtype(x)
     x, k, l = self._per_row(x, k, l)
     y, _, passes, residual, _ = _mask_operator(
-        self.problem, kernel_attributes(self.problem.regularizer))(x, k, l)
+        kernel_attributes(self.problem.regularizer))(x, k, l)
     state = RootState(iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32),
                       residual=jax.lax.stop_gradient(residual))
     return y, state

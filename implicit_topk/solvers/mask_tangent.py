@@ -1,0 +1,70 @@
+r"""The derivatives of the soft top-k mask at the native kernel's threshold, in XLA.
+
+With :math:`z_i = (x_i - \lambda) / l` and :math:`d_i = \mathrm{mask}'(z_i) / l \ge 0`
+(0 for saturated and infinite entries), the mask :math:`y_i = \mathrm{mask}(z_i)` and
+its constraint :math:`\sum_i y_i = k` give by the implicit function theorem
+(``proofs/implicit_gradient.md``)
+
+.. math::
+
+    \dot\lambda = \frac{\sum_i d_i(\dot x_i - z_i \dot l) - \dot k}{\sum_i d_i},\qquad
+    \dot y_i = d_i\,(\dot x_i - \dot\lambda) - d_i z_i\,\dot l .
+
+The map is linear in the tangents, so JAX transposes it for reverse mode (two fused
+passes over the rows: a reduction and an elementwise pass) and differentiates it for
+higher orders (through :math:`d_i` and the threshold's own derivative). Where
+:math:`\sum_i d_i = 0` (a binary mask) :math:`\lambda` is locally constant in ``x``
+and ``l`` and the derivative w.r.t. ``k`` is 0, the convention of every solver here;
+a row without a threshold (NaN) has NaN derivatives.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from implicit_topk.kernels.native_threshold import ENTROPY, LAPLACE, PNORM, SIGMOID
+
+
+def slopes(kind: int, a: float, x, lam, shift, l):
+  """``(d, d z)`` per entry for rows ``x`` (..., n) at thresholds ``lam + shift`` (...):
+  ``d = mask'(z) / l`` (0 where the mask is constant, at infinite entries and where
+  ``lam`` is not finite), ``z = (x - shift - lam) / l``."""
+  lowest = jnp.finfo(x.dtype).min
+  lam, shift, l = lam[..., None], shift[..., None], l[..., None]
+  gap = jnp.maximum(x - shift, lowest) - lam
+  # z where x - lam overflows (far opposite signs near the float maximum): x/l - lam/l.
+  z = jnp.where(jnp.isfinite(gap), gap / l, jnp.maximum(x - shift, lowest) / l - lam / l)
+  live = jnp.isfinite(x) & jnp.isfinite(lam)
+  if kind == PNORM:
+    live = live & (gap > 0) & (gap < l)
+    zc = jnp.clip(z, 0, 1)
+    if a == 1.0:  # p = 2
+      d = jnp.ones_like(z)
+    elif a == 3.0:  # p = 4/3
+      d = 3 * zc * zc
+    else:
+      d = a * zc ** (a - 1.0)
+  elif kind == ENTROPY:
+    live = live & (z < 0)
+    d = jnp.exp(jnp.minimum(z, 0))
+  elif kind == SIGMOID:
+    s = jax.nn.sigmoid(z)
+    d = s * (1 - s)
+  elif kind == LAPLACE:
+    d = 0.5 * jnp.exp(-jnp.abs(z))
+  else:
+    raise ValueError(f"unknown mask kind {kind}")
+  d = jnp.where(live, d / l, 0)
+  return d, jnp.where(live, d * z, 0)
+
+
+def tangent(kind: int, a: float, x, lam, shift, l, x_dot, k_dot, l_dot):
+  """``(y_dot, lam_dot)`` from the tangents of ``x`` (..., n), ``k`` and ``l`` (...)."""
+  d, dz = slopes(kind, a, x, lam, shift, l)
+  total = d.sum(-1)
+  moved = (d * x_dot).sum(-1) - (dz.sum(-1) * l_dot) - k_dot
+  lam_dot = jnp.where(total > 0, moved / jnp.where(total > 0, total, 1), 0)
+  lam_dot = jnp.where(jnp.isnan(lam), jnp.nan, lam_dot)
+  y_dot = d * (x_dot - lam_dot[..., None]) - dz * l_dot[..., None]
+  return y_dot, lam_dot
