@@ -1,4 +1,4 @@
-r"""The derivatives of the soft top-k mask at the native kernel's threshold, in XLA.
+r"""The derivatives of the soft top-k mask at the native kernel's threshold, in JAX.
 
 With :math:`z_i = (x_i - \lambda) / l` and :math:`d_i = \mathrm{mask}'(z_i) / l \ge 0`
 (0 for saturated and infinite entries), the mask :math:`y_i = \mathrm{mask}(z_i)` and
@@ -10,9 +10,10 @@ its constraint :math:`\sum_i y_i = k` give by the implicit function theorem
     \dot\lambda = \frac{\sum_i d_i(\dot x_i - z_i \dot l) - \dot k}{\sum_i d_i},\qquad
     \dot y_i = d_i\,(\dot x_i - \dot\lambda) - d_i z_i\,\dot l .
 
-The map is linear in the tangents, so JAX transposes it for reverse mode (two fused
-passes over the rows: a reduction and an elementwise pass) and differentiates it for
-higher orders (through :math:`d_i` and the threshold's own derivative). Where
+The derivative kernels (:mod:`implicit_topk.kernels.native_derivatives`) compute this
+map and its transpose for the first order; this JAX form is what higher orders
+differentiate (through :math:`d_i` and the threshold's own derivative), and what the
+tests compare the kernels with. Where
 :math:`\sum_i d_i = 0` (a binary mask) :math:`\lambda` is locally constant in ``x``
 and ``l`` and the derivative w.r.t. ``k`` is 0, the convention of every solver here;
 a row without a threshold (NaN) has NaN derivatives.
@@ -32,30 +33,35 @@ def slopes(kind: int, a: float, x, lam, shift, l):
   ``lam`` is not finite), ``z = (x - shift - lam) / l``."""
   lowest = jnp.finfo(x.dtype).min
   lam, shift, l = lam[..., None], shift[..., None], l[..., None]
-  gap = jnp.maximum(x - shift, lowest) - lam
-  # z where x - lam overflows (far opposite signs near the float maximum): x/l - lam/l.
-  z = jnp.where(jnp.isfinite(gap), gap / l, jnp.maximum(x - shift, lowest) / l - lam / l)
-  live = jnp.isfinite(x) & jnp.isfinite(lam)
+  inv = 1 / l
+  v = jnp.maximum(x - shift, lowest)
+  gap = v - lam
   if kind == PNORM:
-    live = live & (gap > 0) & (gap < l)
-    zc = jnp.clip(z, 0, 1)
+    # 0 < gap < l holds for the fractional entries only: never at an infinite entry
+    # (gap = +inf, or finite and negative after the clamp) nor at a non-finite lam.
+    live = (gap > 0) & (gap < l)
+    z = gap * inv
     if a == 1.0:  # p = 2
       d = jnp.ones_like(z)
     elif a == 3.0:  # p = 4/3
-      d = 3 * zc * zc
+      d = 3 * z * z
     else:
-      d = a * zc ** (a - 1.0)
-  elif kind == ENTROPY:
-    live = live & (z < 0)
-    d = jnp.exp(jnp.minimum(z, 0))
-  elif kind == SIGMOID:
-    s = jax.nn.sigmoid(z)
-    d = s * (1 - s)
-  elif kind == LAPLACE:
-    d = 0.5 * jnp.exp(-jnp.abs(z))
+      d = a * jnp.clip(z, 0, 1) ** (a - 1.0)
   else:
-    raise ValueError(f"unknown mask kind {kind}")
-  d = jnp.where(live, d / l, 0)
+    # z where x - lam overflows (far opposite signs near the float maximum): x/l - lam/l.
+    z = jnp.where(jnp.isfinite(gap), gap * inv, v * inv - lam * inv)
+    live = jnp.isfinite(x) & jnp.isfinite(lam)
+    if kind == ENTROPY:
+      live = live & (z < 0)
+      d = jnp.exp(jnp.minimum(z, 0))
+    elif kind == SIGMOID:
+      s = jax.nn.sigmoid(z)
+      d = s * (1 - s)
+    elif kind == LAPLACE:
+      d = 0.5 * jnp.exp(-jnp.abs(z))
+    else:
+      raise ValueError(f"unknown mask kind {kind}")
+  d = jnp.where(live, d * inv, 0)
   return d, jnp.where(live, d * z, 0)
 
 

@@ -12,6 +12,7 @@ implicit function theorem on :math:`\phi(\lambda) = 0` as for every solver here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -66,10 +67,14 @@ def capped_simplex_kernel(x, k, l, attributes):
 
 def _mask_operator(attributes):
   """``(x, k, l) -> (mask, lam, passes, residual, shift)`` by the kernel, with the
-  derivatives of the implicit function theorem written in JAX
-  (:func:`implicit_topk.solvers.mask_tangent.tangent`): XLA fuses them into two passes
-  over the rows, transposes them for reverse mode and differentiates them for higher
-  orders."""
+  derivatives of the implicit function theorem by the derivative kernels
+  (:mod:`implicit_topk.kernels.native_derivatives`): forward mode calls the tangent
+  kernel, reverse mode its transpose, the cotangent kernel; higher orders
+  differentiate :func:`implicit_topk.solvers.mask_tangent.tangent`, the same map in
+  JAX."""
+  from implicit_topk.kernels import ffi
+  reference = functools.partial(mask_tangent.tangent, int(attributes["kind"]),
+                                float(attributes["a"]))
 
   @jax.custom_jvp
   def operator(x, k, l):
@@ -81,8 +86,10 @@ def _mask_operator(attributes):
     x, k, l = primals
     outs = operator(x, k, l)
     _, lam, _, _, shift = outs
-    y_dot, lam_dot = mask_tangent.tangent(int(attributes["kind"]), float(attributes["a"]),
-                                          x, lam, shift, l, *tangents)
+    full, rows = jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(lam.shape, x.dtype)
+    y_dot, lam_dot = ffi.linear_call(
+        _target("capped_simplex_tangent", x.dtype), _target("capped_simplex_cotangent", x.dtype),
+        (full, rows), (full, rows, rows), (x, lam, shift, l), tangents, reference, **attributes)
     zeros = [jnp.zeros_like(out) for out in outs[2:]]
     return outs, (y_dot, lam_dot, *zeros)
 
@@ -137,8 +144,8 @@ class NativeSolver(ThresholdRootSolver):
 
   def solve_and_map(self, x, k, l):
     """The mask and the thresholds from one kernel call, which also normalizes the rows
-    (as ``problem.normalize``); derivatives by the implicit function theorem
-    (:func:`_mask_operator`)."""
+    (as ``problem.normalize``); derivatives by the implicit function theorem in the
+    derivative kernels (:func:`_mask_operator`)."""
     if not self.implicit_diff:
       return super().solve_and_map(x, k, l)  # run() refuses it with a clear error
     self._check_dtype(x)
