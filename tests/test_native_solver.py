@@ -26,7 +26,7 @@ import implicit_topk as itk
 import references as R
 from implicit_topk import problems
 from implicit_topk.kernels import ffi
-from implicit_topk.solvers import native
+from implicit_topk.solvers import mask_tangent, native
 from test_fuzz import FAST, SLOW, U32, U64, assert_close, k_rows, log_uniform, mtol, unit_rows
 
 jax.config.update("jax_enable_x64", True)
@@ -51,7 +51,8 @@ def test_auto_picks_native_on_cpu_and_pallas_on_gpu_where_they_apply():
   assert auto(mask, backend="tpu", row_length=8) == "threshold"
   for backend in ("cpu", "gpu"):
     assert auto(mask, backend=backend, row_length=8, sharded=True) == "threshold"
-  assert auto(problems.Magnitude(2.0), backend="cpu", row_length=8) == "threshold"
+  assert auto(problems.Magnitude(2.0), backend="cpu", row_length=8) == "native"
+  assert auto(problems.Magnitude(2.0), backend="cpu", row_length=8, sharded=True) == "threshold"
   assert auto(problems.CappedSimplex(_UserRegularizer()), backend="cpu", row_length=8) == "threshold"
 
 
@@ -171,6 +172,40 @@ def test_derivative_kernels_equal_autodiff_of_the_optimality_condition(reg, p):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("reg,p", REGULARIZERS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_jax_form_of_the_derivative_kernels_is_the_same_map(reg, p, dtype):
+  # solvers/mask_tangent.py (what higher orders differentiate) against the kernels, in
+  # both modes, on every entry rule (p = 4/3 and p = 2 run vectorized loops, the others
+  # branchy ones), with +-inf entries, a binary row and a row of one fractional entry.
+  rng = np.random.default_rng(7)
+  x = rng.normal(size=(5, 40))
+  x[1, :3] = [np.inf, -np.inf, -np.inf]
+  x[2] = np.linspace(3.0, -3.0, 40)  # k = 2, l = 0.01: binary
+  x[3, :3] = [2.0, 1.0, 0.995]  # k = 2.5 ... one fractional entry near the cut
+  x = jnp.asarray(x, dtype)
+  k, l = (jnp.asarray(v, dtype) for v in ([1.5, 2.0, 2.0, 1.5, 7.5], [0.7, 1.1, 0.01, 0.3, 2.0]))
+  regularizer = itk.regularizers.resolve(reg, p)
+  attributes = native.kernel_attributes(regularizer)
+  operator = native._mask_operator(attributes)
+  _, lam, _, _, shift = operator(x, k, l)
+  tangents = tuple(jnp.asarray(rng.normal(size=np.shape(a)), dtype) for a in (x, k, l))
+  kernel = jax.jvp(lambda *a: operator(*a)[:2], (x, k, l), tangents)[1]
+  cotangent = jnp.asarray(rng.normal(size=x.shape), dtype)
+  kernel_bar = jax.vjp(lambda *a: operator(*a)[0], x, k, l)[1](cotangent)
+  # The kernels compute in float64 whatever the dtype: so does the JAX form here.
+  wide = lambda *a: tuple(jnp.asarray(v, jnp.float64) for v in a)
+  point = wide(x, lam, shift, l)
+  linear = lambda *t: mask_tangent.tangent(int(attributes["kind"]), float(attributes["a"]),
+                                           *point, *t)
+  form = linear(*wide(*tangents))
+  form_bar = jax.vjp(lambda *t: linear(*t)[0], *wide(*tangents))[1](*wide(cotangent))
+  tol = dict(rtol=2e-5, atol=2e-5) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-12)
+  for got, want in zip((*kernel, *kernel_bar), (*form, *form_bar)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), **tol)
+  assert float(jnp.max(jnp.abs(kernel[0][0]))) > 1e-2  # the fractional row moves
+
+
 def test_jit_vmap_and_eager_agree():
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.normal(size=(5, 3, 11)))
@@ -196,8 +231,8 @@ def test_per_row_k_and_strength_under_vmap_of_grad():
 
 
 def test_unsupported_problems_are_refused_by_name():
-  with pytest.raises(ValueError, match="solver='native'"):
-    itk.soft_topk_mag(jnp.ones(4), 2.0, solver="native")
+  with pytest.raises(ValueError, match="solver='native'"):  # the magnitude kernel too
+    native.NativeSolver(problem=problems.Magnitude()).with_layout(problems.layout.Segments(2))
   with pytest.raises(ValueError, match="solver='native'"):
     native.NativeSolver(regularizer=_UserRegularizer())
   with pytest.raises(ValueError, match="solver='native'"):
