@@ -40,7 +40,10 @@ the output map above.
 
 The problem (:math:`F`, the output map, the bracket, the starting guess, the binary
 snap) is :class:`implicit_topk.problems.Magnitude`; the solvers are the same objects as
-the mask's. Solvers: ``"pav"`` (numba PAV on the reference's isotonic dual
+the mask's. Solvers: ``"native"`` (CPU, the default there: a numba kernel per row,
+:mod:`implicit_topk.kernels.native_magnitude`, sort-free safeguarded Newton on the few
+magnitudes above :math:`h^{-1}(s_{(\lceil k\rceil)})`, exact), ``"pav"`` (numba PAV on
+the reference's isotonic dual
 :math:`\min_{v_1\ge\dots\ge v_n} \sum_i l\,\omega^*((s_i - v_i)/l) + w_i v_i^2 / 2`,
 exact), ``"threshold"`` (pure JAX, sort-free safeguarded Newton on :math:`F`, exact)
 and ``"dykstra"`` (``p = 2``: the weighted isotonic regression of
@@ -125,12 +128,16 @@ def soft_topk_mag(
     p: p-norm exponent, a static float > 1 (default 4/3: continuously
       differentiable).
     axis: the axis along which to select (default -1).
-    solver: ``"auto"`` (default) = ``"threshold"`` (pure JAX, sort-free Newton,
-      exact, exportable), ``"pav"`` (numba on the host, exact, faster on CPU for
-      large batches; a host callback: not exportable with ``jax.export``, pulls a
-      sharded input to one device) or ``"dykstra"`` (pure JAX, ``p = 2``,
-      approximate: stops at ``tol``). Under ``jit`` with traced ``k`` or ``l``,
-      values are not checked: ``l <= 0`` or ``k`` outside ``[0, n]`` give NaN.
+    solver: ``"auto"`` (default): ``"native"`` on CPU, else ``"threshold"``
+      (and ``"pallas"`` on GPU); ``"native"`` (CPU: a numba kernel per row called
+      as an XLA FFI custom call, sort-free, exact, exportable with ``jax.export``
+      and batch partitionable; every ``p``), ``"threshold"`` (pure JAX, sort-free
+      Newton, exact, any backend, rows split over devices), ``"pav"`` (numba PAV
+      after a sort per row, exact, CPU), ``"pallas"`` (GPU) or ``"dykstra"`` (pure
+      JAX, ``p = 2``, approximate: stops at ``tol``). ``"auto"`` picks
+      ``"threshold"`` wherever ``axis`` is split over devices (``axis_name=`` or a
+      sharding along it). Under ``jit`` with traced ``k`` or ``l``, values are not
+      checked: ``l <= 0`` or ``k`` outside ``[0, n]`` give NaN.
     diff: ``"implicit"`` (default) or ``"unrolled"`` (autodiff through exactly
       ``maxiter`` iterations of ``"threshold"`` or ``"dykstra"``).
     tol: Dykstra's tolerance on the change of its dual between sweeps (default 1e-6).
@@ -220,6 +227,8 @@ def tree_soft_topk_mag(
   the concatenation of the flattened leaves, returned with the structure, shapes and
   dtypes of ``params``. Nothing is concatenated: each Newton step reduces every leaf
   on its own and adds the results, so leaves sharded differently stay where they are.
+  The solver is always ``"threshold"`` (pure JAX): the one threshold of a whole
+  pytree is not a row the native CPU kernel of :func:`soft_topk_mag` could take.
   Entries with :math:`|x_i| \le \lambda` are exactly 0, clearly-kept entries equal
   :math:`x_i`; as ``l -> 0`` this is global hard magnitude pruning keeping ``k``
   weights. Derivatives w.r.t. every leaf, ``k`` and ``l`` come from the implicit

@@ -220,13 +220,22 @@ class Magnitude:
 
   # -- solver-specific pieces ------------------------------------------------------
   def supports(self, solver_name: str) -> None:
+    """``ValueError`` naming the solver where it cannot solve this problem: the sorting
+    solvers and the kernels need whole rows of the last axis, ``"dykstra"`` ``p = 2``.
+    ``"native"`` takes every ``p > 1``: its kernel
+    (:mod:`~implicit_topk.kernels.native_magnitude`) was checked against an
+    independent reference from ``p = 1 + 1e-12`` to ``1e12``."""
     _check_sortable(self.layout, solver_name)
-    if solver_name == "native":
-      raise ValueError("solver='native' solves the top-k mask only; use solver='threshold' "
-                       "(or 'auto') for the top-k in magnitude.")
     if solver_name == "dykstra" and self.p != 2.0:
       raise ValueError(f"solver='dykstra' supports p=2 only; got p={self.p}. "
                        "Use solver='pav' or 'threshold' for other p.")
+
+  def native_threshold(self, x, k, l):
+    """Exact thresholds and Newton passes by the native CPU kernel (an XLA custom call;
+    :mod:`implicit_topk.kernels.native_magnitude`), one per row of the last axis."""
+    from implicit_topk.solvers import native
+    lam, passes, _ = native.magnitude_kernel(x, k, l, self.p)
+    return lam, passes
 
   def pav_threshold(self, x, k, l):
     """Exact thresholds by the PAV kernel on the magnitude dual (an XLA custom call)."""

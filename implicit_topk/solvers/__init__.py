@@ -27,8 +27,9 @@ def auto_solver_name(problem, *, size: int | None = None, backend: str | None = 
 
   * CPU: ``"native"`` (a compiled kernel per row, called through the XLA FFI: exact,
     exportable, per shard on a batch-sharded input) for the top-k mask with a
-    built-in regularizer along an unsplit last axis
-    (``benchmarks/results/cpu_matrix.md``).
+    built-in regularizer and for the top-k in magnitude (every ``p``) along an
+    unsplit last axis (``benchmarks/results/cpu_matrix.md``,
+    ``benchmarks/bench_magnitude.py``).
   * GPU (CUDA, ROCm): ``"pallas"`` (one fused kernel per block of rows, certified per
     row, the threshold solver for the rows it cannot certify) for rows of at most
     ``kernels.pallas_threshold.MAX_ROW_LENGTH`` entries on an unsplit last axis.

@@ -2,7 +2,9 @@ r"""Exact threshold solver on CPU: a compiled per-row kernel called through the 
 
 The kernel (:mod:`implicit_topk.kernels.native_threshold`) finds each row's threshold
 without a sort: the :math:`\lceil k\rceil + 1` largest entries by selection, then the
-safeguarded Newton iteration on the few entries that can be nonzero at the root. It is
+safeguarded Newton iteration on the few entries that can be nonzero at the root; the
+top-k in magnitude has its own kernel, :mod:`implicit_topk.kernels.native_magnitude`
+(the same iteration on its own equation). It is
 a typed XLA custom call (:mod:`implicit_topk.kernels.ffi`): no host callback, so it
 exports with ``jax.export`` (``disabled_checks=implicit_topk.export_safety_checks()``)
 and runs on each shard of a batch-sharded input. The derivatives come from the
@@ -38,8 +40,9 @@ def kernel_attributes(regularizer) -> dict:
 def register_targets() -> None:
   """Registers the kernels' FFI targets with XLA (compiling them on first use)."""
   from implicit_topk.kernels import ffi
-  from implicit_topk.kernels import native_derivatives, native_threshold
-  for handlers in (native_threshold.HANDLERS, native_derivatives.HANDLERS):
+  from implicit_topk.kernels import native_derivatives, native_magnitude, native_threshold
+  for handlers in (native_threshold.HANDLERS, native_derivatives.HANDLERS,
+                   native_magnitude.HANDLERS):
     for family, by_dtype in handlers.items():
       for dtype, handler in by_dtype.items():
         ffi.register(_TARGET.format(family, dtype.name), handler)
@@ -63,6 +66,20 @@ def capped_simplex_kernel(x, k, l, attributes):
        row_values, row_values),
       x, jnp.broadcast_to(k, rows).astype(dtype), jnp.broadcast_to(l, rows).astype(dtype),
       **attributes)
+
+
+def magnitude_kernel(x, k, l, p: float):
+  """The magnitude kernel (:mod:`implicit_topk.kernels.native_magnitude`) on ``x`` of
+  shape ``(..., n)`` with the p-norm exponent ``p``: ``(lam, passes, residual)``, one
+  per row; ``k`` and ``l`` broadcast to ``x.shape[:-1]``."""
+  from implicit_topk.kernels import ffi, native_magnitude
+  register_targets()
+  rows, dtype = x.shape[:-1], x.dtype
+  row_values = jax.ShapeDtypeStruct(rows, dtype)
+  return ffi.call(
+      _target("magnitude", dtype), (row_values, jax.ShapeDtypeStruct(rows, jnp.int32), row_values),
+      x, jnp.broadcast_to(k, rows).astype(dtype), jnp.broadcast_to(l, rows).astype(dtype),
+      **native_magnitude.attributes(regularizers.PNorm(p).exponent))
 
 
 def _mask_operator(attributes):
@@ -114,6 +131,11 @@ class NativeSolver(ThresholdRootSolver):
   a selection pass finds them and Newton runs on those alone; the dense regularizers
   (entropy, sigmoid, Laplace) iterate over the whole row. Exact to floating-point
   precision, on CPU, for every built-in regularizer on whole rows of the last axis.
+  The top-k in magnitude (:class:`~implicit_topk.problems.Magnitude`, every ``p``)
+  has its own kernel (:mod:`implicit_topk.kernels.native_magnitude`): only the
+  magnitudes above :math:`h^{-1}(|x|_{(\lceil k\rceil)})`, :math:`h(y) = y + l
+  y^{p-1}`, can be nonzero, and the same Newton iteration runs on those; its output
+  map and derivatives are the problem's JAX code.
   The kernel is an XLA custom call, not a host callback: it exports with
   ``jax.export`` and runs per shard of a batch-sharded input. Derivatives come from
   the implicit function theorem (Blondel et al. 2022, "Efficient and modular implicit
@@ -138,6 +160,9 @@ class NativeSolver(ThresholdRootSolver):
   def _solve(self, init, x, k, l):
     del init  # a direct method
     self._check_dtype(x)
+    native_threshold = getattr(self.problem, "native_threshold", None)
+    if native_threshold is not None:  # a problem with its own kernel (Magnitude)
+      return native_threshold(x, k, l)
     _, lam, passes, _, shift = capped_simplex_kernel(
         x, k, l, kernel_attributes(self.problem.regularizer))
     return lam + shift, passes
@@ -145,9 +170,11 @@ class NativeSolver(ThresholdRootSolver):
   def solve_and_map(self, x, k, l):
     """The mask and the thresholds from one kernel call, which also normalizes the rows
     (as ``problem.normalize``); derivatives by the implicit function theorem in the
-    derivative kernels (:func:`_mask_operator`)."""
-    if not self.implicit_diff:
-      return super().solve_and_map(x, k, l)  # run() refuses it with a clear error
+    derivative kernels (:func:`_mask_operator`). Problems with their own threshold
+    kernel (the top-k in magnitude) take the base class's path: the kernel's threshold,
+    the problem's output map, derivatives by ``jax.lax.custom_root``."""
+    if not self.implicit_diff or hasattr(self.problem, "native_threshold"):
+      return super().solve_and_map(x, k, l)  # run() refuses unrolled with a clear error
     self._check_dtype(x)
     x, k, l = self._per_row(x, k, l)
     y, _, passes, residual, _ = _mask_operator(
