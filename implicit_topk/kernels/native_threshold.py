@@ -323,24 +323,20 @@ def _order_statistics_after(values, count, m, j, scratch):
   """(x_(m), x_(j+1), x_(m+1)) of values[:count] (1-based, largest first; -inf past
   the count), j in {m - 1, m}.
 
-  Small ``m``: one pass keeping the m + 1 largest in ``scratch``, sorted (an insertion
-  that is rarely taken); large ``m``: a quickselect on a copy in ``scratch``.
-  ``values`` keeps its order either way."""
+  Small ``m``: one pass keeping the m + 1 largest in ``scratch``, sorted, by a
+  branch-free insertion (each entry is carried down the buffer by min/max pairs: no
+  mispredicted branch however the row is ordered); large ``m``: a quickselect on a
+  copy in ``scratch``. ``values`` keeps its order either way."""
   if m < _SORT_LIMIT:
-    size = 0
+    for p in range(m + 1):
+      scratch[p] = -np.inf
     for i in range(count):
       v = values[i]
-      if size <= m:
-        size += 1
-      elif v <= scratch[m]:
-        continue
-      position = size - 1
-      while position > 0 and scratch[position - 1] < v:
-        scratch[position] = scratch[position - 1]
-        position -= 1
-      scratch[position] = v
-    x_after = scratch[m] if size > m else -np.inf
-    return scratch[m - 1], scratch[j], x_after
+      for p in range(m + 1):
+        kept = scratch[p]
+        scratch[p] = max(kept, v)
+        v = min(kept, v)
+    return scratch[m - 1], scratch[j], scratch[m]
   for i in range(count):
     scratch[i] = values[i]
   _select_descending(scratch, count, m - 1)
