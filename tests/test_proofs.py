@@ -30,6 +30,7 @@ NAMES = [
     "fenchel_young",
     "pallas_certificate",
     "native_bracket",
+    "native_magnitude_bracket",
     "standardized_strength",
     "dykstra_snap",
 ]
