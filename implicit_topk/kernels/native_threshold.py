@@ -17,10 +17,12 @@ perspective", ICML). No sort (``proofs/native_bracket.md``):
 
   .. math:: x_{(m)} - l \;\le\; \lambda \;\le\; x_{(j+1)},
 
-  so only the entries above :math:`x_{(m)} - l` can be nonzero at the root. One pass
-  selects the :math:`m + 1` largest (an insertion buffer for small :math:`m`, a
-  quickselect otherwise), a second gathers those candidates, and the safeguarded
-  Newton iteration runs on the candidates alone, which sit in L1. With integer
+  so only the entries above :math:`x_{(m)} - l` can be nonzero at the root. One
+  branch-free pass gathers the entries above a cut guessed from the previous rows
+  (checked: at least :math:`m + 1` entries at or above it), the :math:`m + 1` largest
+  candidates are selected (a branch-free insertion buffer for small :math:`m`, a
+  quickselect otherwise), and the safeguarded Newton iteration runs on the candidates
+  above :math:`x_{(m)} - l` alone, which sit in L1. With integer
   :math:`k` and :math:`x_{(k)} - l \ge x_{(k+1)}` the solution is the hard mask and
   :math:`\lambda` is the middle of the flat root interval, as the other solvers
   return it.
