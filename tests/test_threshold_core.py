@@ -80,14 +80,13 @@ def test_auto_takes_iterative_options_on_every_backend(kwargs, monkeypatch):
 
 def test_auto_never_picks_the_host_callback(monkeypatch):
   # The default must export (jax.export) and run under shard_map: never the host PAV.
-  # On CPU the mask takes the native kernel (an XLA custom call, exportable); the
-  # magnitude problem, other backends and a split reduced axis take "threshold".
+  # On CPU the mask and the magnitude problem take the native kernels (XLA custom calls,
+  # exportable); other backends and a split reduced axis take "threshold".
   for problem in (problems.CappedSimplex(itk.PNorm(2.0)), problems.CappedSimplex(itk.Entropy()),
                   problems.Magnitude(4.0 / 3.0)):
     for backend in ("cpu", "gpu", "tpu"):
       monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
-      expected = ("native" if backend == "cpu" and isinstance(problem, problems.CappedSimplex)
-                  else "threshold")
+      expected = "native" if backend == "cpu" else "threshold"
       assert solvers.resolve_solver_name("auto", problem, size=1 << 24) == expected
       assert solvers.resolve_solver_name("auto", problem, sharded=True) == "threshold"
 
