@@ -293,6 +293,32 @@ def test_long_rows_and_many_rows(n, k):
   assert np.max(passes) <= 20
 
 
+def test_first_rows_of_long_rows_guess_from_a_sample():
+  # Rows of 4096 entries or more: the first row's cut comes from a strided sample of
+  # 1024 magnitudes. A sample that sees only the large entries guesses too high (the
+  # check fails, every magnitude is gathered); one that misses them too low; an infinite
+  # or NaN entry fails the check too. The answer never depends on it.
+  n, k, l = 8192, 20.5, 0.05
+  rng = np.random.default_rng(6)
+  x = rng.normal(size=(1, n)) * 0.01
+  high, low, special = x.copy(), x.copy(), x.copy()
+  high[0, ::8] = rng.normal(size=n // 8)  # the sampled positions (step 8) are the large ones
+  low[0, 3::8] = rng.normal(size=n // 8)  # none of the large ones is sampled
+  for i, row in enumerate((x, high, low)):
+    lam = kernel(row, k, l)[0][0]
+    lo, hi = reference_lambda(row[0], k, l, 4.0 / 3.0)
+    tol = lam_tolerance(row[0], k, l, 4.0 / 3.0, lo)
+    assert lo - tol <= lam <= hi + tol, (i, lam, lo, hi)
+  special[0, 100] = np.inf  # kept; the other entries share k - 1
+  assert np.asarray(mag(special, k, l))[0, 100] == np.inf
+  lam = kernel(special, k, l)[0][0]
+  lo, hi = reference_lambda(np.delete(special[0], 100), k - 1, l, 4.0 / 3.0)
+  tol = lam_tolerance(np.delete(special[0], 100), k - 1, l, 4.0 / 3.0, lo)
+  assert lo - tol <= lam <= hi + tol, (lam, lo, hi)
+  special[0, 200] = np.nan
+  assert np.all(np.isnan(np.asarray(mag(special, k, l))))
+
+
 def test_where_excludes_entries_as_removing_them():
   x = np.array([[3.0, -1.0, 2.0, 0.5, -4.0, 1.5]])
   where = np.array([[True, True, False, True, True, False]])

@@ -232,6 +232,22 @@ def _gather_above(row, n, low, cut, out):
 
 
 @njit(**_OPTIONS)
+def _sample_guess(row, n, k, l, a, scratch):
+  """A guess of the cut ``L`` for the first row, where there is no previous row (as the
+  mask kernel's ``_sample_cut``): ``h^{-1}`` of the order statistic of a strided sample
+  of 1024 magnitudes at 1.5 times the matching rank of ``k + 1``, plus 4. Checked by
+  the caller."""
+  size = 1024
+  step = n // size
+  for i in range(size):
+    v = abs(np.float64(row[i * step]))
+    scratch[i] = v if v < np.inf else 0.0  # a NaN or inf entry: the check falls back
+  rank = min(size - 1, int(math.ceil(1.5 * (k + 1.0) * size / n)) + 4)
+  _nt._select_descending(scratch, size, rank)
+  return _h_inverse(scratch[rank], l, a) if scratch[rank] > 0.0 else np.inf
+
+
+@njit(**_OPTIONS)
 def magnitude_row(row, n, k, l, a, tol, work, scratch, guess):
   r"""The threshold of one row. Returns (lam, passes, count, k_f): ``work[:count]`` then
   holds the magnitudes that can be nonzero at ``lam`` (count -1 for the rows answered
@@ -246,7 +262,10 @@ def magnitude_row(row, n, k, l, a, tol, work, scratch, guess):
   result does not depend on the guess.
   """
   count, k_f, m = -1, k, int(math.ceil(k))
-  if guess[0] < np.inf and k > 0.0 and l > 0.0 and l < np.inf:
+  valid = k > 0.0 and k < n - 1 and l > 0.0 and l < np.inf
+  if valid and guess[0] == np.inf and n >= _nt._SAMPLED_ROW:
+    guess[0] = _sample_guess(row, n, k, l, a, scratch)
+  if valid and guess[0] < np.inf:
     low = guess[0]
     count, above, bad = _gather_above(row, n, low, _h(low, l, 1.0 / a) * (1.0 + _H_SLACK), work)
     if bad or above < m + 1:
