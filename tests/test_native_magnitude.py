@@ -276,6 +276,24 @@ def test_magnitudes_from_tiny_to_the_float_maximum(dtype, x, k, l, p):
   E._check_mag(np.asarray(out), x, k, l, p, dtype=dtype)
 
 
+def test_a_root_below_the_normal_floats_is_returned_as_zero():
+  # |x| ~ 1e-200, l = 1e300: h^-1(s) ~ 1e-1500 and the root lies below the smallest normal
+  # float (XLA flushes subnormals to 0): lam = 0, the output is x (as the exact root's,
+  # up to rounding), and the rows after it (their cut guessed from this one) are right.
+  rng = np.random.default_rng(7)
+  x = np.zeros((3, 4096))
+  x[0] = rng.normal(size=4096) * 1e-200  # long: the first row's cut from a sample
+  x[1, :3] = [1.0, 2.0, 3.0]  # at most k nonzero entries: x
+  x[2] = rng.normal(size=4096)
+  k, l = np.array([10.0, 5.0, 3.5]), np.array([1e300, 1e300, 0.3])
+  lam = kernel(x, k, l)[0]
+  assert lam[0] == 0.0 and lam[1] == 0.0
+  y = np.asarray(mag(x, jnp.asarray(k), jnp.asarray(l)))
+  np.testing.assert_array_equal(y[:2], x[:2])
+  lo, hi = reference_lambda(x[2], 3.5, 0.3, 4.0 / 3.0)
+  assert lo - lam_tolerance(x[2], 3.5, 0.3, 4.0 / 3.0, lo) <= lam[2] <= hi * (1 + 1e-14)
+
+
 @pytest.mark.parametrize("n, k", [(256, 8), (1000, 10.5), (2000, 300), (5000, 2.0), (5000, 40.25)])
 def test_long_rows_and_many_rows(n, k):
   # Many similar rows (each row's cut guessed from the previous one: right, too low or too

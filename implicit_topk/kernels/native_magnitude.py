@@ -169,6 +169,8 @@ def _h_inverse(s, l, a):
     return s / (1.0 + l)
   if a > 1.0:  # H convex: from above
     u = min(math.pow(s, 1.0 / a), s * (1.0 / l))
+    if not u >= _TINY:  # s / l below the normal floats: so is y* <= (s / l)^a
+      return 0.0
     for _ in range(_H_STEPS):
       power = _link(u, a)
       step = (power + l * u - s) / (a * power / u + l)
@@ -265,7 +267,7 @@ def magnitude_row(row, n, k, l, a, tol, work, scratch, guess):
   valid = k > 0.0 and k < n - 1 and l > 0.0 and l < np.inf
   if valid and guess[0] == np.inf and n >= _nt._SAMPLED_ROW:
     guess[0] = _sample_guess(row, n, k, l, a, scratch)
-  if valid and guess[0] < np.inf:
+  if valid and guess[0] > 0.0 and guess[0] < np.inf:  # (an h^-1 that underflowed: none)
     low = guess[0]
     count, above, bad = _gather_above(row, n, low, _h(low, l, 1.0 / a) * (1.0 + _H_SLACK), work)
     if bad or above < m + 1:
