@@ -51,10 +51,6 @@ def _slope(v, lam, l, origin, kind, a):
   return _mask_terms(z, kind, a)[1] / l, z
 
 
-# The row loops reassociate their sums (and nothing else) so that LLVM vectorizes them.
-_VECTOR_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath={"reassoc"})
-
-
 @njit(inline="always", **_OPTIONS)
 def _gap(v, lam, origin):
   return max(v - origin, _LOWEST) - lam
@@ -103,6 +99,8 @@ def _rule(kind, a):
   if kind == PNORM and a == 3.0:
     return CUBIC
   return LINEAR if kind == PNORM and a == 1.0 else GENERAL
+
+
 _VECTOR_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath={"reassoc"})
 
 
