@@ -127,3 +127,17 @@ def test_readme_table_writes_the_ingraph_block(ingraph_json, tmp_path):
   only_percall.write_text("<!-- bench-matrix:start -->\n<!-- bench-matrix:end -->\n")
   missing = _run([TABLE, ingraph_json, "--write", only_percall], timeout=60)
   assert missing.returncode == 1 and "bench-matrix-ingraph:start" in missing.stderr
+
+
+def test_profile_native_prints_every_stage():
+  # benchmarks/profile_native.py runs the kernel's own stages: it breaks (and this test
+  # with it) if the kernel's functions change their signatures.
+  proc = _run([ROOT / "benchmarks" / "profile_native.py", "--cells", "64x100:2", "--repeats", "1"],
+              timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [line for line in proc.stdout.splitlines() if line.startswith("| 64x100")]
+  assert len(rows) == 2  # p = 4/3 and p = 2
+  for row in rows:
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    stages = [float(v) for v in cells[2:6]]
+    assert all(v > 0 for v in stages + [float(v) for v in cells[6:]]), row

@@ -93,6 +93,27 @@ def test_long_rows_and_many_rows_take_the_same_path_as_the_reference(n, k):
   assert_close(y, R.soft_topk_mask(x, k, l), mtol(x, k, l), "native long rows")
 
 
+@pytest.mark.parametrize("n", [3, 8, 64, 512, 513])
+@pytest.mark.parametrize("k", [0.5, 1.0, 1.5, 2.0, 2.5])
+def test_small_k_rows_one_pass_and_guessed_cut_agree_with_the_reference(n, k):
+  # k <= 2 on rows of at most 512 entries take one pass (the three largest and a
+  # running cut); n = 513 and k = 2.5 take the guessed cut. Rows: normal, many ties,
+  # the maximum first or last (the running cut at its lowest and highest), far from 0
+  # (solved relative to the maximum), a binary row and a row of equal entries.
+  rng = np.random.default_rng([n, int(2 * k)])
+  x = rng.normal(size=(8, n))
+  x[1] = np.round(x[1], 0)
+  x[2] = np.sort(x[2])[::-1]
+  x[3] = np.sort(x[3])
+  x[4] = x[4] + 1e7
+  x[5] = np.where(np.arange(n) < 3, 10.0 - np.arange(n), 0.0)  # binary at l = 0.5
+  x[6] = 1.0
+  l = np.array([0.5, 0.5, 0.3, 0.3, 0.5, 0.5, 0.5, 2.0])
+  for p in (4.0 / 3.0, 2.0):
+    y = np.asarray(native_mask(x, k, l, p=p))
+    assert_close(y, R.soft_topk_mask(x, k, l, p), mtol(x, k, l, p), f"native n={n} k={k} p={p}")
+
+
 @pytest.mark.parametrize("dtype,eps", [(jnp.float32, U32), (jnp.float16, None), (jnp.bfloat16, None)])
 def test_dtypes(dtype, eps):
   rng = np.random.default_rng(0)

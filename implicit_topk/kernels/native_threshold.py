@@ -54,6 +54,7 @@ KINDS = {"pnorm": PNORM, "exp": ENTROPY, "sigmoid": SIGMOID, "laplace": LAPLACE}
 _SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quickselect
 _MAXITER = 200
 _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a sample
+_ONE_PASS_ROW = 512  # up to this row length, k <= 2: one pass finds the bracket (no guess)
 _LOWEST = -np.finfo(np.float64).max
 _INT_MAX = np.int64(np.iinfo(np.int64).max)
 _INT_MIN = np.int64(np.iinfo(np.int64).min)
@@ -378,10 +379,12 @@ def _gather_near_top(row, n, origin, cut, low, work):
 
 
 @njit(**_OPTIONS)
-def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess):
-  """The threshold of a p-norm row, relative to ``origin``; see the module docstring.
-  ``finite``: every entry is finite; ``top``: then the row's maximum. Returns (lam,
-  passes).
+def _sparse_bracket(row, n, k, l, a, origin, finite, top, work, scratch, guess):
+  """The bracket of a p-norm row's threshold, relative to ``origin``; see the module
+  docstring. ``finite``: every entry is finite; ``top``: then the row's maximum.
+  Returns (solved, lam, lo, hi, start, k_f, count): ``lam`` where ``solved`` (rows the
+  bracket answers: binary, NaN, ``k`` at its ends), else Newton is to run on
+  ``work[:count]`` for the target ``k_f`` in [lo, hi] from ``start``.
 
   The candidates: with ``t`` = the row maximum minus ``guess[0]`` (a running mean of
   the previous rows' distances from their maximum to their ``ceil(k) + 1``-th largest
@@ -399,6 +402,10 @@ def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess)
   top = top - origin if finite and n > 0 else np.nan
   k_f, count = k, -1
   interior = finite and k > 0.0 and k < n - 1
+  if interior and k <= 2.0 and n <= _ONE_PASS_ROW:
+    m, j = int(math.ceil(k)), int(math.floor(k))
+    count, x_m, x_next, x_after = _one_pass_bracket(row, n, origin, m, j, l, work)
+    return _bracket_from(work, count, x_m, x_next, k, l, a, m, j)
   if interior and guess[0] == np.inf and n >= _SAMPLED_ROW:
     guess[0] = top - (_sample_cut(row, n, k, scratch) - origin)
   if interior and guess[0] < np.inf:
@@ -413,23 +420,63 @@ def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess)
     n_pos_inf, n_above, nan, x_min, x_max = _finite_counts(row, n, origin)
     known, value = _known_row(n_pos_inf, n_above, nan, x_min, x_max, k, l, 0.0, 2.0 * l)
     if known:
-      return value, 0
+      return True, value, 0.0, 0.0, 0.0, k, 0
     k_f = k - n_pos_inf
     count = _gather_above(row, n, -np.inf, origin, work)
   m, j = int(math.ceil(k_f)), int(math.floor(k_f))
   x_m, x_next, x_after = _order_statistics_after(work, count, m, j, scratch)
-  lo, hi = x_m - l, x_next
-  if j == m and lo >= hi:  # binary: the middle of the flat root interval
-    lam, passes = _midpoint(hi, lo), 0
-  else:
-    count = _count_above(work, count, lo)
-    # Start a fraction 2^-a of the way up the bracket: measured on normal rows, it saves
-    # one or two passes against the middle for p = 4/3 (a = 3) and is the middle for p = 2.
-    start = lo + min(max(0.5 ** a, 0.1), 0.9) * (hi - lo)
-    lam, passes = _newton(work, count, k_f, l, PNORM, a, lo, hi, start, tol)
   if interior and x_after > -np.inf:
     _update_guess(guess, top - x_after)
-  return lam, passes
+  return _bracket_from(work, count, x_m, x_next, k_f, l, a, m, j)
+
+
+@njit(inline="always", **_OPTIONS)
+def _bracket_from(work, count, x_m, x_next, k_f, l, a, m, j):
+  """:func:`_sparse_bracket`'s result from the order statistics of the candidates
+  ``work[:count]``: the binary rows' threshold, or the candidates above ``x_(m) - l``
+  moved to the front, the bracket and the start."""
+  lo, hi = x_m - l, x_next
+  if j == m and lo >= hi:  # binary: the middle of the flat root interval
+    return True, _midpoint(hi, lo), lo, hi, lo, k_f, 0
+  count = _count_above(work, count, lo)
+  # Start a fraction 2^-a of the way up the bracket: measured on normal rows, it saves
+  # one or two passes against the middle for p = 4/3 (a = 3) and is the middle for p = 2.
+  start = lo + min(max(0.5 ** a, 0.1), 0.9) * (hi - lo)
+  return False, np.nan, lo, hi, start, k_f, count
+
+
+@njit(**_OPTIONS)
+def _one_pass_bracket(row, n, origin, m, j, l, work):
+  """For ``m = ceil(k) <= 2`` on a finite row: one branch-free pass keeps the three
+  largest entries (min/max pairs) and gathers into ``work`` every entry above the
+  ``m``-th largest of the entries before it minus ``l``, a superset of the candidates
+  (that running ``m``-th largest never exceeds the final ``x_(m)``). Returns (count, x_(m), x_(j+1),
+  x_(m+1))."""
+  s0, s1, s2 = -np.inf, -np.inf, -np.inf
+  count = 0
+  for i in range(n):
+    v = max(row[i] - origin, _LOWEST)
+    work[count] = v
+    # the cut of the entries before this one: no dependency of count on this entry's
+    # insertion (a shorter chain from one entry to the next)
+    count += v > (s0 if m == 1 else s1) - l
+    carried = min(s0, v)
+    s0 = max(s0, v)
+    s2 = max(s2, min(s1, carried))
+    s1 = max(s1, carried)
+  tops = (s0, s1, s2)
+  return count, tops[m - 1], tops[j], tops[m]
+
+
+@njit(**_OPTIONS)
+def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess):
+  """The threshold of a p-norm row, relative to ``origin``: :func:`_sparse_bracket`,
+  then Newton on the candidates. Returns (lam, passes)."""
+  solved, lam, lo, hi, start, k_f, count = _sparse_bracket(
+      row, n, k, l, a, origin, finite, top, work, scratch, guess)
+  if solved:
+    return lam, 0
+  return _newton(work, count, k_f, l, PNORM, a, lo, hi, start, tol)
 
 
 @njit(inline="always", **_OPTIONS)
