@@ -14,10 +14,6 @@ pay no compilation beyond XLA's; the long sweeps are in the slow group.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 from jax.test_util import check_grads
@@ -33,6 +29,7 @@ import test_extremes as E
 from implicit_topk import problems
 from implicit_topk.solvers import native
 from test_fuzz import FAST, SLOW, U32, U64, assert_close, k_rows, log_uniform, unit_rows
+from test_native_solver import export_in_one_process_and_call_in_another
 
 jax.config.update("jax_enable_x64", True)
 
@@ -402,41 +399,10 @@ def test_export_serialize_deserialize_and_call():
   np.testing.assert_array_equal(np.asarray(again.call(x)), np.asarray(f(x)))
 
 
-_EXPORT = textwrap.dedent("""
-    import sys
-    import jax, jax.numpy as jnp
-    from jax import export
-    import implicit_topk as itk
-    f = jax.jit(jax.grad(lambda x: jnp.sum(itk.soft_topk_mag(x, 2.5) * jnp.cos(x))))
-    x = jnp.linspace(-1.0, 2.0, 24).reshape(3, 8)
-    blob = export.export(f, disabled_checks=itk.export_safety_checks())(x).serialize()
-    open(sys.argv[1], "wb").write(blob)
-    open(sys.argv[1] + ".npy", "wb").write(bytes(memoryview(jax.device_get(f(x)))))
-""")
-_IMPORT = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import jax, jax.numpy as jnp
-    from jax import export
-    import implicit_topk  # registers the kernels the exported function calls
-    exported = export.deserialize(bytearray(open(sys.argv[1], "rb").read()))
-    x = jnp.linspace(-1.0, 2.0, 24).reshape(3, 8)
-    expected = np.frombuffer(open(sys.argv[1] + ".npy", "rb").read(), np.float32).reshape(3, 8)
-    assert "implicit_topk_magnitude_float32" in exported.mlir_module(), "not the native kernel"
-    np.testing.assert_array_equal(np.asarray(exported.call(x)), expected)
-    print("ok")
-""")
-
-
 @slow
 def test_export_and_call_in_a_fresh_process(tmp_path):
-  path = str(tmp_path / "grad.jax")
-  env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
-  for script in (_EXPORT, _IMPORT):
-    done = subprocess.run([sys.executable, "-c", script, path], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-  assert done.stdout.strip() == "ok"
+  export_in_one_process_and_call_in_another(tmp_path, "soft_topk_mag",
+                                            "implicit_topk_magnitude_float32")
 
 
 # -- dtypes and the bridge ---------------------------------------------------------------

@@ -317,7 +317,7 @@ _EXPORT = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from jax import export
     import implicit_topk as itk
-    f = jax.jit(jax.grad(lambda x: jnp.sum(itk.soft_topk_mask(x, 2.5) * jnp.cos(x))))
+    f = jax.jit(jax.grad(lambda x: jnp.sum(itk.{operator}(x, 2.5) * jnp.cos(x))))
     x = jnp.linspace(-1.0, 2.0, 24).reshape(3, 8)
     blob = export.export(f, disabled_checks=itk.export_safety_checks())(x).serialize()
     open(sys.argv[1], "wb").write(blob)
@@ -332,20 +332,28 @@ _IMPORT = textwrap.dedent("""
     exported = export.deserialize(bytearray(open(sys.argv[1], "rb").read()))
     x = jnp.linspace(-1.0, 2.0, 24).reshape(3, 8)
     expected = np.frombuffer(open(sys.argv[1] + ".npy", "rb").read(), np.float32).reshape(3, 8)
-    assert "implicit_topk_capped_simplex" in exported.mlir_module(), "not the native kernel"
+    assert "{target}" in exported.mlir_module(), "not the native kernel"
     np.testing.assert_array_equal(np.asarray(exported.call(x)), expected)
     print("ok")
 """)
 
 
-def test_export_serialize_and_call_in_a_fresh_process(tmp_path):
+def export_in_one_process_and_call_in_another(tmp_path, operator: str, target: str) -> None:
+  """Exports the jitted gradient of ``itk.<operator>`` (default solver, float32) and
+  serializes it in one fresh process; deserializes and calls it in another that imports
+  implicit_topk, which must call the custom call ``target`` and give the same values."""
   path = str(tmp_path / "grad.jax")
   env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
-  for script in (_EXPORT, _IMPORT):
+  for script in (_EXPORT.format(operator=operator), _IMPORT.format(target=target)):
     done = subprocess.run([sys.executable, "-c", script, path], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.strip() == "ok"
+
+
+def test_export_serialize_and_call_in_a_fresh_process(tmp_path):
+  export_in_one_process_and_call_in_another(tmp_path, "soft_topk_mask",
+                                            "implicit_topk_capped_simplex")
 
 
 _SHARDED = textwrap.dedent("""
