@@ -81,7 +81,8 @@ def test_matches_the_reference_sweep(reg, p, data):
   assert_close(y, R.soft_topk_mask(x, k, l, p, reg), mtol(x, k, l, p, reg), f"native {reg} {p}")
 
 
-@pytest.mark.parametrize("n,k", [(256, 8), (1000, 10), (2000, 300), (5000, 2.5), (8192, 2000.5)])
+@pytest.mark.parametrize("n,k", [(256, 8), (1000, 10), (2000, 300), pytest.param(5000, 2.5, marks=slow),
+                                 pytest.param(8192, 2000.5, marks=slow)])
 def test_long_rows_and_many_rows_take_the_same_path_as_the_reference(n, k):
   # Many similar rows: each row's candidate cut comes from the previous row's threshold
   # (a guess that is right, too low or too high), long rows select by quickselect.
