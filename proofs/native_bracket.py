@@ -76,6 +76,20 @@ def check_candidates(rng):
         C.check(np.all(top > t), "the m + 1 largest exceed t")
         C.check(np.all(x[x > x_m - l] > t - l), "candidates above t - l")
     print("  (3) the candidate rule: 500 guesses")
+    for _ in range(500):
+        n = int(rng.integers(2, 30))
+        x = np.round(rng.normal(size=n), int(rng.integers(0, 3)))  # ties too
+        k = float(rng.uniform(0.05, min(2.0, n - 1.05)))
+        l = float(10 ** rng.uniform(-2, 1))
+        m = int(np.ceil(k))
+        kept = set()
+        for i, v in enumerate(x):
+            running = np.sort(x[:i])[::-1][m - 1] if i >= m else -np.inf
+            if v > running - l:
+                kept.add(i)
+        x_m, _ = order_stats(x, k)
+        C.check(set(np.flatnonzero(x > x_m - l)) <= kept, "one pass keeps every candidate")
+    print("  (3) the one-pass rule: 500 rows")
 
 
 def _slopes(x, lam, l, p):
