@@ -235,6 +235,10 @@ class Magnitude:
     :mod:`implicit_topk.kernels.native_magnitude`), one per row of the last axis."""
     from implicit_topk.solvers import native
     lam, passes, _ = native.magnitude_kernel(x, k, l, self.p)
+    # As the PAV and Newton solvers: a binary row's threshold moves into its flat root
+    # interval. Near the float maximum F is flat to rounding on either side of the
+    # interval's end (1e264 against 1e307), so the iteration can stop an ulp outside it.
+    lam = self.snap(lam, x, k, l, self.bracket(x, k, l).known)
     return lam, passes
 
   def pav_threshold(self, x, k, l):
