@@ -52,34 +52,37 @@ def _target(family: str, dtype) -> str:
   return _TARGET.format(family, np.dtype(dtype).name)
 
 
+def _row_kernel(family: str, x, k, l, results, attributes):
+  """The kernel ``family`` on ``x`` of shape ``(..., n)`` with ``k`` and ``l``
+  broadcast to ``x.shape[:-1]`` (cast to x's dtype); ``results`` names each result's
+  kind in order: ``"full"`` (x's shape), ``"row"`` (one per row) or ``"passes"``
+  (int32, one per row)."""
+  from implicit_topk.kernels import ffi
+  register_targets()
+  rows, dtype = x.shape[:-1], x.dtype
+  shapes = {"full": jax.ShapeDtypeStruct(x.shape, dtype), "row": jax.ShapeDtypeStruct(rows, dtype),
+            "passes": jax.ShapeDtypeStruct(rows, jnp.int32)}
+  return ffi.call(
+      _target(family, dtype), tuple(shapes[r] for r in results),
+      x, jnp.broadcast_to(k, rows).astype(dtype), jnp.broadcast_to(l, rows).astype(dtype),
+      **attributes)
+
+
 def capped_simplex_kernel(x, k, l, attributes):
   """The kernel on ``x`` of shape ``(..., n)``: ``(mask, lam, passes, residual, shift)``
   (``lam + shift`` is the threshold of ``x``); ``k`` and ``l`` broadcast to
   ``x.shape[:-1]``."""
-  from implicit_topk.kernels import ffi
-  register_targets()
-  rows, dtype = x.shape[:-1], x.dtype
-  row_values = jax.ShapeDtypeStruct(rows, dtype)
-  return ffi.call(
-      _target("capped_simplex", dtype),
-      (jax.ShapeDtypeStruct(x.shape, dtype), row_values, jax.ShapeDtypeStruct(rows, jnp.int32),
-       row_values, row_values),
-      x, jnp.broadcast_to(k, rows).astype(dtype), jnp.broadcast_to(l, rows).astype(dtype),
-      **attributes)
+  return _row_kernel("capped_simplex", x, k, l, ("full", "row", "passes", "row", "row"),
+                     attributes)
 
 
 def magnitude_kernel(x, k, l, p: float):
   """The magnitude kernel (:mod:`implicit_topk.kernels.native_magnitude`) on ``x`` of
   shape ``(..., n)`` with the p-norm exponent ``p``: ``(lam, passes, residual)``, one
   per row; ``k`` and ``l`` broadcast to ``x.shape[:-1]``."""
-  from implicit_topk.kernels import ffi, native_magnitude
-  register_targets()
-  rows, dtype = x.shape[:-1], x.dtype
-  row_values = jax.ShapeDtypeStruct(rows, dtype)
-  return ffi.call(
-      _target("magnitude", dtype), (row_values, jax.ShapeDtypeStruct(rows, jnp.int32), row_values),
-      x, jnp.broadcast_to(k, rows).astype(dtype), jnp.broadcast_to(l, rows).astype(dtype),
-      **native_magnitude.attributes(regularizers.PNorm(p).exponent))
+  from implicit_topk.kernels import native_magnitude
+  return _row_kernel("magnitude", x, k, l, ("row", "passes", "row"),
+                     native_magnitude.attributes(regularizers.PNorm(p).exponent))
 
 
 def _mask_operator(attributes):
