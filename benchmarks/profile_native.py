@@ -4,7 +4,7 @@ For each cell (float32 scores ~ N(0, 1), p = 4/3 and p = 2) it times, as medians
 interleaved repeats:
 
 * the kernel's stages, run on the same rows by the kernel's own numba functions
-  (``implicit_topk.kernels.native_threshold``) and cumulated: the per-row prologue
+  (``implicit_topk.kernels.cpu.native_threshold``) and cumulated: the per-row prologue
   (finiteness and maximum), the bracket (guessed cut, gather of the candidates,
   selection of the ``ceil(k) + 1`` largest), the Newton iteration, the mask write;
 * the kernel called through XLA (the FFI custom call under ``jax.jit``), the soft mask's
@@ -29,8 +29,8 @@ import numpy as np
 from numba import njit
 
 import implicit_topk as itk
-from implicit_topk.kernels import native_threshold as kernel
-from implicit_topk.solvers import native
+from implicit_topk.kernels.cpu import native_threshold as kernel
+from implicit_topk.kernels.cpu import native_calls
 
 STAGES = ("prologue", "bracket", "newton", "write")
 
@@ -84,11 +84,11 @@ def profile_cell(batch: int, n: int, k: int, l: float, p: float, repeats: int) -
   x_np = rng.standard_normal((batch, n)).astype(np.float32)
   y_np = np.empty_like(x_np)
   x, w = jnp.asarray(x_np), jnp.asarray(rng.standard_normal((batch, n)).astype(np.float32))
-  attributes = native.kernel_attributes(itk.PNorm(p))
+  attributes = native_calls.kernel_attributes(itk.PNorm(p))
   a = float(attributes["a"])  # the mask's exponent 1 / (p - 1), as the kernel gets it
   calls = {stage: (lambda s=s: _stages(x_np, float(k), l, a, y_np, s))
            for s, stage in enumerate(STAGES)}
-  kernel_call = jax.jit(lambda z: native.capped_simplex_kernel(z, float(k), l, attributes)[0])
+  kernel_call = jax.jit(lambda z: native_calls.capped_simplex_kernel(z, float(k), l, attributes)[0])
   forward = jax.jit(lambda z: itk.soft_topk_mask(z, k, regularization_strength=l, p=p))
   both = jax.jit(jax.grad(lambda z: jnp.sum(itk.soft_topk_mask(
       z, k, regularization_strength=l, p=p) * w)))

@@ -22,32 +22,31 @@ from implicit_topk.smooth_topk import grad_topk, iterative_softmax_topk
 from implicit_topk.solvers import (DykstraSolver, NativeSolver, OptStep, PAVSolver, RootState,
                                    ThresholdSolver)
 from implicit_topk.sparse_softmax import sparse_softmax
-from implicit_topk.kernels.ffi import export_safety_checks
-from implicit_topk.solvers.native import register_targets as _register_native_targets
+from implicit_topk.kernels.export import export_safety_checks
 
 
-def register_kernels() -> None:
-  """Registers every compiled CPU kernel with XLA, compiling those not yet compiled.
+def register_kernels(exported=None) -> None:
+  """Builds and registers the compiled CPU kernels with XLA, for a process that runs an
+  exported function (``jax.export``) without tracing the operators itself.
 
-  The default solver's kernels (``solver="native"``) are registered at import; those
-  of ``solver="pav"`` on their first use (a cold numba cache takes about a minute).
-  A process that runs an exported function calling ``solver="pav"`` without having
-  used it calls this first.
+  Nothing is compiled at ``import implicit_topk``: a traced call builds the kernels it
+  needs on first use (numba, cached on disk: a cold cache costs seconds to a minute
+  per kernel on two cores, a warm one a fraction of a second). A process that only
+  deserializes and runs an exported function traces nothing, so it calls this first.
+
+  Args:
+    exported: a ``jax.export.Exported``: build only the kernels it calls. ``None``:
+      every kernel (all solvers, float32 and float64).
 
   Example:
     >>> import implicit_topk as itk
     >>> itk.register_kernels()
-    >>> "implicit_topk_pav_capped_simplex_float32" in itk.kernels.ffi.registered_targets()
+    >>> "implicit_topk_pav_capped_simplex_float32" in itk.kernels.cpu.ffi.registered_targets()
     True
   """
-  from implicit_topk.kernels import pav_ffi
-  _register_native_targets()
-  pav_ffi.register_targets()
+  from implicit_topk.kernels.cpu import registry
+  registry.register(None if exported is None else registry.targets_called_by(exported))
 
-
-# The default solver's kernels are XLA custom calls found by name: registered at import,
-# so that an exported function calling them runs in any process that imports the package.
-_register_native_targets()
 
 __version__ = "0.2.0"  # the one source of the version (pyproject.toml reads it)
 

@@ -41,7 +41,7 @@ the output map above.
 The problem (:math:`F`, the output map, the bracket, the starting guess, the binary
 snap) is :class:`implicit_topk.problems.Magnitude`; the solvers are the same objects as
 the mask's. Solvers: ``"native"`` (CPU, the default there: a numba kernel per row,
-:mod:`implicit_topk.kernels.native_magnitude`, sort-free safeguarded Newton on the few
+:mod:`implicit_topk.kernels.cpu.native_magnitude`, sort-free safeguarded Newton on the few
 magnitudes above :math:`h^{-1}(s_{(\lceil k\rceil)})`, exact), ``"pav"`` (numba PAV on
 the reference's isotonic dual
 :math:`\min_{v_1\ge\dots\ge v_n} \sum_i l\,\omega^*((s_i - v_i)/l) + w_i v_i^2 / 2`,

@@ -32,7 +32,7 @@ Two solvers give the same blocks (``solver=``):
   ``vmap``, ``shard_map`` (each shard solves its own rows) and ``jax.export``, on any
   backend.
 * ``"pav"``: one compiled numba kernel per batch, an XLA custom call on CPU
-  (:mod:`implicit_topk.kernels.pav_ffi`), sorts the rows (radix sort), runs sequential
+  (:mod:`implicit_topk.kernels.cpu.pav_ffi`), sorts the rows (radix sort), runs sequential
   PAV and returns the block values, the block ids and the permutations. The fastest
   on CPU for long rows; it exports with ``jax.export``
   (``disabled_checks=implicit_topk.export_safety_checks()``) and a batch-sharded input
@@ -77,7 +77,7 @@ from implicit_topk import _deprecation
 from implicit_topk import _implicit
 from implicit_topk import _validation
 from implicit_topk import regularizers
-from implicit_topk.kernels import pav_ffi
+from implicit_topk.kernels.cpu import pav_calls
 from implicit_topk.solvers import isotonic
 from implicit_topk.solvers import pav
 
@@ -122,7 +122,7 @@ def _lp(x, w, l, regularizer, dtype, solver):
   ranks = jnp.broadcast_to(_ranks_vector(n, dtype), shape)
   if solver == "pav":
     x_, w_, l_ = jax.lax.stop_gradient((x, w, l))
-    solved = pav_ffi.permutahedron_blocks(x_, w_, l_, p, dtype)
+    solved = pav_calls.permutahedron_blocks(x_, w_, l_, p, dtype)
     values, ids, rest = solved[0], solved[1], list(solved[2:])
     if x is not None:
       order, inverse = rest.pop(0), rest.pop(0)

@@ -232,7 +232,7 @@ def check_library(rng):
         return
     import jax.numpy as jnp
     from implicit_topk import _apply
-    from implicit_topk.kernels import pallas_threshold
+    from implicit_topk.kernels.gpu import pallas_threshold
     from implicit_topk.problems import CappedSimplex
     from implicit_topk.solvers.pallas import PallasSolver
 

@@ -1,4 +1,4 @@
-"""solver="native" for soft_topk_mag (implicit_topk/kernels/native_magnitude.py).
+"""solver="native" for soft_topk_mag (implicit_topk/kernels/cpu/native_magnitude.py).
 
 Values are checked against two references that share no code with the library: the
 outputs against ``tests/references.py`` (``soft_topk_mag``: the threshold equation of
@@ -27,7 +27,7 @@ import implicit_topk as itk
 import references as R
 import test_extremes as E
 from implicit_topk import problems
-from implicit_topk.solvers import native
+from implicit_topk.kernels.cpu import native_calls, registry
 from test_fuzz import FAST, SLOW, U32, U64, assert_close, k_rows, log_uniform, unit_rows
 from test_native_solver import export_in_one_process_and_call_in_another
 
@@ -44,7 +44,7 @@ def mag(x, k, l, p=4.0 / 3.0, solver="native", **kw):
 
 def kernel(x, k, l, p=4.0 / 3.0):
   """(lam, passes, residual) of the kernel, as NumPy arrays."""
-  return tuple(np.asarray(v) for v in native.magnitude_kernel(jnp.asarray(x), k, l, p))
+  return tuple(np.asarray(v) for v in native_calls.magnitude_kernel(jnp.asarray(x), k, l, p))
 
 
 def check_mag(x, k, l, p, *, dtype=np.float64, eps=U64, what="native"):
@@ -426,7 +426,8 @@ def test_the_solver_refuses_other_dtypes_by_name():
 
 def test_the_bridge_checks_buffers_and_raises_instead_of_crashing():
   x = jnp.ones((2, 3), jnp.float32)
-  name = native._target("magnitude", "float32")
+  name = registry.target("magnitude", "float32")
+  registry.ensure(name)  # a direct ffi_call: nothing here lowers the package's primitive
   row = jax.ShapeDtypeStruct((2,), jnp.float32)
   good = (row, jax.ShapeDtypeStruct((2,), jnp.int32), row)
   k = l = jnp.ones(2, jnp.float32)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import implicit_topk as itk
 import references as R
 from implicit_topk import problems
-from implicit_topk.kernels import ffi
+from implicit_topk.kernels.cpu import abi, native_calls, registry
 from implicit_topk.solvers import mask_tangent, native
 from test_fuzz import FAST, SLOW, U32, U64, assert_close, k_rows, log_uniform, mtol, unit_rows
 
@@ -212,7 +212,7 @@ def test_the_jax_form_of_the_derivative_kernels_is_the_same_map(reg, p, dtype):
   x = jnp.asarray(x, dtype)
   k, l = (jnp.asarray(v, dtype) for v in ([1.5, 2.0, 2.0, 1.5, 7.5], [0.7, 1.1, 0.01, 0.3, 2.0]))
   regularizer = itk.regularizers.resolve(reg, p)
-  attributes = native.kernel_attributes(regularizer)
+  attributes = native_calls.kernel_attributes(regularizer)
   operator = native._mask_operator(attributes)
   _, lam, _, _, shift = operator(x, k, l)
   tangents = tuple(jnp.asarray(rng.normal(size=np.shape(a)), dtype) for a in (x, k, l))
@@ -274,8 +274,9 @@ class _UserRegularizer:
 
 def test_the_bridge_checks_buffers_and_raises_instead_of_crashing():
   x = jnp.ones((2, 3), jnp.float32)
-  attributes = native.kernel_attributes(itk.PNorm(2.0))
-  name = native._target("capped_simplex", "float32")
+  attributes = native_calls.kernel_attributes(itk.PNorm(2.0))
+  name = registry.target("capped_simplex", "float32")
+  registry.ensure(name)  # a direct ffi_call: nothing here lowers the package's primitive
   row = jax.ShapeDtypeStruct((2,), jnp.float32)
   good = (jax.ShapeDtypeStruct((2, 3), jnp.float32), row, jax.ShapeDtypeStruct((2,), jnp.int32),
           row, row)
@@ -300,13 +301,13 @@ def test_a_kernel_failure_surfaces_as_a_python_error():
   # A handler that reports failure the way every kernel does (a nonzero status).
   from numba import cfunc
 
-  @cfunc(ffi.HANDLER_SIGNATURE)
+  @cfunc(abi.HANDLER_SIGNATURE)
   def failing(frame):
-    if ffi.handler_prologue(frame):
-      return ffi.null()
-    return ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
+    if abi.handler_prologue(frame):
+      return abi.null()
+    return abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
 
-  ffi.register("implicit_topk_test_failing", failing)
+  registry.register_handler("implicit_topk_test_failing", failing)
   call = jax.ffi.ffi_call("implicit_topk_test_failing", jax.ShapeDtypeStruct((2,), jnp.float32))
   with pytest.raises(Exception, match="native kernel failed"):
     jax.block_until_ready(call(jnp.ones(2, jnp.float32)))
@@ -333,8 +334,9 @@ _IMPORT = textwrap.dedent("""
     import numpy as np
     import jax, jax.numpy as jnp
     from jax import export
-    import implicit_topk  # registers the kernels the exported function calls
+    import implicit_topk
     exported = export.deserialize(bytearray(open(sys.argv[1], "rb").read()))
+    implicit_topk.register_kernels(exported)  # builds the kernels it calls, and only those
     x = jnp.linspace(-1.0, 2.0, 24).reshape(3, 8)
     expected = np.frombuffer(open(sys.argv[1] + ".npy", "rb").read(), np.float32).reshape(3, 8)
     assert "{target}" in exported.mlir_module(), "not the native kernel"
@@ -345,8 +347,8 @@ _IMPORT = textwrap.dedent("""
 
 def export_in_one_process_and_call_in_another(tmp_path, operator: str, target: str) -> None:
   """Exports the jitted gradient of ``itk.<operator>`` (default solver, float32) and
-  serializes it in one fresh process; deserializes and calls it in another that imports
-  implicit_topk, which must call the custom call ``target`` and give the same values."""
+  serializes it in one fresh process; deserializes and calls it in another that
+  registers the kernels it calls (``implicit_topk.register_kernels(exported)``), which must call the custom call ``target`` and give the same values."""
   path = str(tmp_path / "grad.jax")
   env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
   for script in (_EXPORT.format(operator=operator), _IMPORT.format(target=target)):

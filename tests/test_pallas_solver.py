@@ -30,7 +30,7 @@ from jax import export
 import implicit_topk as itk
 import references as R
 from implicit_topk import _apply
-from implicit_topk.kernels import pallas_threshold
+from implicit_topk.kernels.gpu import pallas_threshold
 from implicit_topk.problems import CappedSimplex, LastAxis, Magnitude, Segments, Tree
 from implicit_topk.solvers.pallas import PallasSolver
 

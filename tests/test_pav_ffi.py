@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import implicit_topk as itk
-from implicit_topk.kernels import ffi, pav_ffi
+from implicit_topk.kernels.cpu import ffi, pav_calls
 
 _OPS = {
     "mask": "lambda z: itk.soft_topk_mask(z, 2.5, regularization_strength=0.7, solver='pav')",
@@ -34,10 +34,9 @@ def _run(script, *args):
 
 def test_every_pav_target_is_registered_by_register_kernels():
   # (at first use of solver="pav"; not at import: a cold numba cache takes a minute)
-  from implicit_topk.kernels import pav_handlers
   itk.register_kernels()
   names = set(ffi.registered_targets())
-  for family in pav_handlers.HANDLERS:
+  for family in ("capped_simplex", "magnitude", "permutahedron"):
     for dtype in ("float32", "float64"):
       assert f"implicit_topk_pav_{family}_{dtype}" in names
 
@@ -70,8 +69,8 @@ _IMPORT = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from jax import export
     import implicit_topk
-    implicit_topk.register_kernels()  # solver="pav"'s kernels are registered on first use
     exported = export.deserialize(bytearray(open(sys.argv[1], "rb").read()))
+    implicit_topk.register_kernels(exported)  # the kernels it calls are built on first use
     assert "{target}" in exported.mlir_module(), "not the PAV kernel"
     x = jnp.linspace(-1.0, 2.0, 24).reshape(3, 8) ** 3
     expected = np.frombuffer(open(sys.argv[1] + ".npy", "rb").read(), np.float32).reshape(3, 8)
@@ -132,7 +131,7 @@ def test_a_batch_sharded_input_stays_sharded():
 def test_bad_dtype_or_operands_are_an_error_not_a_crash():
   x = jnp.ones((2, 5), jnp.float32)
   k = jnp.full((2,), 2.0, jnp.float32)
-  attributes = pav_ffi._attributes("p2", 1.0, 1.0)
+  attributes = pav_calls._attributes("p2", 1.0, 1.0)
   # float64 data to the float32 target: the handler refuses it
   with pytest.raises(Exception, match="PAV threshold kernel"):
     ffi.call("implicit_topk_pav_capped_simplex_float32", (jax.ShapeDtypeStruct((2,), jnp.float32),),

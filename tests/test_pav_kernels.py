@@ -22,8 +22,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from implicit_topk.kernels.isotonic_pav import isotonic_pav  # noqa: E402
-from implicit_topk.kernels.pav_capped_simplex import capped_simplex_threshold  # noqa: E402
+from implicit_topk.kernels.cpu.isotonic_pav import isotonic_pav  # noqa: E402
+from implicit_topk.kernels.cpu.pav_capped_simplex import capped_simplex_threshold  # noqa: E402
 
 PS = [4.0 / 3.0, 1.5, 2.0, 3.0]
 # each p selects its own numba kernel (about 10 s to compile): the fast suite keeps
@@ -147,7 +147,7 @@ def test_block_solver_direct(p, scale):
     The extreme scales exercise the rescaled Cardano path."""
     from scipy.optimize import brentq
 
-    from implicit_topk.kernels import isotonic_pav as pk
+    from implicit_topk.kernels.cpu import isotonic_pav as pk
 
     if p == 2.0:
         solve, a = pk._solve_p2, 1.0
@@ -481,11 +481,13 @@ def test_general_p_medium_row_with_big_block():
 
 
 @pytest.mark.parametrize("name", ["isotonic_pav", "pav_capped_simplex", "pav_magnitude",
-                                  "pav_permutahedron", "radix_sort"])
+                                  "pav_permutahedron", "radix_sort", "pav_ffi",
+                                  "native_threshold", "native_magnitude", "native_derivatives",
+                                  "abi", "kinds"])
 def test_module_does_not_import_jax(name):
     import importlib
 
-    mod = importlib.import_module(f"implicit_topk.kernels.{name}")
+    mod = importlib.import_module(f"implicit_topk.kernels.cpu.{name}")
     tree = ast.parse(open(mod.__file__).read())
     names = set()
     for node in ast.walk(tree):
@@ -496,4 +498,5 @@ def test_module_does_not_import_jax(name):
     assert not any(n.split(".")[0] in ("jax", "jaxlib") for n in names), names
     assert not any(n.startswith("implicit_topk.") and not n.startswith("implicit_topk.kernels.")
                    for n in names), names
-    assert "implicit_topk.kernels.ffi" not in names
+    assert "implicit_topk.kernels.cpu.ffi" not in names
+    assert not any(n.endswith((".registry", ".native_calls", ".pav_calls")) for n in names)

@@ -154,7 +154,7 @@ def test_gradients_pass_check_grads(name, options):
 
 def _kernels():
   import types
-  from implicit_topk.kernels import isotonic_pav, pav_permutahedron
+  from implicit_topk.kernels.cpu import isotonic_pav, pav_permutahedron
   return types.SimpleNamespace(permutahedron_blocks=pav_permutahedron.permutahedron_blocks,
                                isotonic_pav=isotonic_pav.isotonic_pav)
 

@@ -266,7 +266,7 @@ def test_descending_order_is_the_stable_descending_sort(packed_bits, dtype):
 
 
 def _host_blocks(s, w, l, p):
-  from implicit_topk.kernels import pav_permutahedron
+  from implicit_topk.kernels.cpu import pav_permutahedron
   values, ids, *_ = pav_permutahedron.permutahedron_blocks(s, w, l, p, sort_x=False,
                                                            sort_w=False)
   return values, ids

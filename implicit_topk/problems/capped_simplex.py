@@ -247,8 +247,8 @@ class CappedSimplex:
 
   def pav_threshold(self, x, k, l):
     """Exact thresholds by the PAV kernel (an XLA custom call; rows of the last axis)."""
-    from implicit_topk.kernels import pav_ffi
-    return pav_ffi.capped_simplex_threshold(x, k, l, _regularizers.pav_kernel_spec(self.regularizer))
+    from implicit_topk.kernels.cpu import pav_calls
+    return pav_calls.capped_simplex_threshold(x, k, l, _regularizers.pav_kernel_spec(self.regularizer))
 
   def dykstra_threshold(self, x, k, l, *, tol, maxiter, unrolled):
     r"""``p = 2`` by Dykstra's algorithm on the isotonic dual (``proofs/isotonic_dual.md``).

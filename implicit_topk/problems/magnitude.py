@@ -223,7 +223,7 @@ class Magnitude:
     """``ValueError`` naming the solver where it cannot solve this problem: the sorting
     solvers and the kernels need whole rows of the last axis, ``"dykstra"`` ``p = 2``.
     ``"native"`` takes every ``p > 1``: its kernel
-    (:mod:`~implicit_topk.kernels.native_magnitude`) was checked against an
+    (:mod:`~implicit_topk.kernels.cpu.native_magnitude`) was checked against an
     independent reference from ``p = 1 + 1e-12`` to ``1e12``."""
     _check_sortable(self.layout, solver_name)
     if solver_name == "dykstra" and self.p != 2.0:
@@ -232,9 +232,9 @@ class Magnitude:
 
   def native_threshold(self, x, k, l):
     """Exact thresholds and Newton passes by the native CPU kernel (an XLA custom call;
-    :mod:`implicit_topk.kernels.native_magnitude`), one per row of the last axis."""
-    from implicit_topk.solvers import native
-    lam, passes, _ = native.magnitude_kernel(x, k, l, self.p)
+    :mod:`implicit_topk.kernels.cpu.native_magnitude`), one per row of the last axis."""
+    from implicit_topk.kernels.cpu import native_calls
+    lam, passes, _ = native_calls.magnitude_kernel(x, k, l, self.p)
     # As the PAV and Newton solvers: a binary row's threshold moves into its flat root
     # interval. Near the float maximum F is flat to rounding on either side of the
     # interval's end (1e264 against 1e307), so the iteration can stop an ulp outside it.
@@ -243,8 +243,8 @@ class Magnitude:
 
   def pav_threshold(self, x, k, l):
     """Exact thresholds by the PAV kernel on the magnitude dual (an XLA custom call)."""
-    from implicit_topk.kernels import pav_ffi
-    return pav_ffi.magnitude_threshold(x, k, l, self.p)
+    from implicit_topk.kernels.cpu import pav_calls
+    return pav_calls.magnitude_threshold(x, k, l, self.p)
 
   def dykstra_threshold(self, x, k, l, *, tol, maxiter, unrolled):
     r"""``p = 2``: Dykstra on the weighted isotonic regression of the magnitude dual.

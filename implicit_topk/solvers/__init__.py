@@ -32,7 +32,7 @@ def auto_solver_name(problem, *, size: int | None = None, backend: str | None = 
     ``benchmarks/bench_magnitude.py``).
   * GPU (CUDA, ROCm): ``"pallas"`` (one fused kernel per block of rows, certified per
     row, the threshold solver for the rows it cannot certify) for rows of at most
-    ``kernels.pallas_threshold.MAX_ROW_LENGTH`` entries on an unsplit last axis.
+    ``kernels.gpu.pallas_threshold.MAX_ROW_LENGTH`` entries on an unsplit last axis.
   * everywhere else, and where the reduced axis is split over devices (``sharded``:
     ``axis_name=`` or a sharding along it), for segment and tree problems and for
     user-defined regularizers: ``"threshold"`` (sort-free Newton, pure JAX, any
@@ -46,9 +46,11 @@ def auto_solver_name(problem, *, size: int | None = None, backend: str | None = 
   if sharded:
     return "threshold"
   if backend == "cpu" and _supported(problem, "native"):
-    return "native"
+    from implicit_topk.kernels.cpu import registry
+    if registry.available():  # numba imports: else the pure-JAX solver
+      return "native"
   if backend in ("gpu", "cuda", "rocm") and row_length is not None and _supported(problem, "pallas"):
-    from implicit_topk.kernels import pallas_threshold
+    from implicit_topk.kernels.gpu import pallas_threshold
     if pallas_threshold.fits(row_length):
       return "pallas"
   return "threshold"

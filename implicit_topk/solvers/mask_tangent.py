@@ -10,7 +10,7 @@ its constraint :math:`\sum_i y_i = k` give by the implicit function theorem
     \dot\lambda = \frac{\sum_i d_i(\dot x_i - z_i \dot l) - \dot k}{\sum_i d_i},\qquad
     \dot y_i = d_i\,(\dot x_i - \dot\lambda) - d_i z_i\,\dot l .
 
-The derivative kernels (:mod:`implicit_topk.kernels.native_derivatives`) compute this
+The derivative kernels (:mod:`implicit_topk.kernels.cpu.native_derivatives`) compute this
 map and its transpose for the first order; this JAX form is what higher orders
 differentiate (through :math:`d_i` and the threshold's own derivative), and what the
 tests compare the kernels with. Where
@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from implicit_topk.kernels.native_threshold import ENTROPY, LAPLACE, PNORM, SIGMOID
+from implicit_topk.kernels.cpu.kinds import ENTROPY, LAPLACE, PNORM, SIGMOID
 
 
 def slopes(kind: int, a: float, x, lam, shift, l):

@@ -1,11 +1,11 @@
 r"""Exact threshold solver on CPU: a compiled per-row kernel called through the XLA FFI.
 
-The kernel (:mod:`implicit_topk.kernels.native_threshold`) finds each row's threshold
+The kernel (:mod:`implicit_topk.kernels.cpu.native_threshold`) finds each row's threshold
 without a sort: the :math:`\lceil k\rceil + 1` largest entries by selection, then the
 safeguarded Newton iteration on the few entries that can be nonzero at the root; the
-top-k in magnitude has its own kernel, :mod:`implicit_topk.kernels.native_magnitude`
+top-k in magnitude has its own kernel, :mod:`implicit_topk.kernels.cpu.native_magnitude`
 (the same iteration on its own equation). It is
-a typed XLA custom call (:mod:`implicit_topk.kernels.ffi`): no host callback, so it
+a typed XLA custom call (:mod:`implicit_topk.kernels.cpu.ffi`): no host callback, so it
 exports with ``jax.export`` (``disabled_checks=implicit_topk.export_safety_checks()``)
 and runs on each shard of a batch-sharded input. The derivatives come from the
 implicit function theorem on :math:`\phi(\lambda) = 0` as for every solver here.
@@ -20,81 +20,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk import regularizers
+from implicit_topk.kernels.cpu import ffi, registry
+from implicit_topk.kernels.cpu.native_calls import (capped_simplex_kernel, derivative_rule,
+                                                    kernel_attributes)
 from implicit_topk.solvers import mask_tangent
 from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 
-_TARGET = "implicit_topk_{}_{}"  # kernel family, dtype
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def kernel_attributes(regularizer) -> dict:
-  """The kernel's attributes for ``regularizer`` (``ValueError`` if it has no kernel)."""
-  from implicit_topk.kernels import native_threshold as kernel
-  family, value = regularizers.native_kernel_spec(regularizer)
-  if family == "pnorm":
-    return kernel.attributes(kernel.PNORM, value)
-  return kernel.attributes(kernel.KINDS[value], 0.0)
-
-
-def register_targets() -> None:
-  """Registers the kernels' FFI targets with XLA (compiling them on first use)."""
-  from implicit_topk.kernels import ffi
-  from implicit_topk.kernels import native_derivatives, native_magnitude, native_threshold
-  for handlers in (native_threshold.HANDLERS, native_derivatives.HANDLERS,
-                   native_magnitude.HANDLERS):
-    for family, by_dtype in handlers.items():
-      for dtype, handler in by_dtype.items():
-        ffi.register(_TARGET.format(family, dtype.name), handler)
-
-
-def _target(family: str, dtype) -> str:
-  return _TARGET.format(family, np.dtype(dtype).name)
-
-
-def _row_kernel(family: str, x, k, l, results, attributes):
-  """The kernel ``family`` on ``x`` of shape ``(..., n)`` with ``k`` and ``l``
-  broadcast to ``x.shape[:-1]`` (cast to x's dtype); ``results`` names each result's
-  kind in order: ``"full"`` (x's shape), ``"row"`` (one per row) or ``"passes"``
-  (int32, one per row)."""
-  from implicit_topk.kernels import ffi
-  register_targets()
-  rows, dtype = x.shape[:-1], x.dtype
-  shapes = {"full": jax.ShapeDtypeStruct(x.shape, dtype), "row": jax.ShapeDtypeStruct(rows, dtype),
-            "passes": jax.ShapeDtypeStruct(rows, jnp.int32)}
-  return ffi.call(
-      _target(family, dtype), tuple(shapes[r] for r in results),
-      x, jnp.broadcast_to(k, rows).astype(dtype), jnp.broadcast_to(l, rows).astype(dtype),
-      **attributes)
-
-
-def capped_simplex_kernel(x, k, l, attributes):
-  """The kernel on ``x`` of shape ``(..., n)``: ``(mask, lam, passes, residual, shift)``
-  (``lam + shift`` is the threshold of ``x``); ``k`` and ``l`` broadcast to
-  ``x.shape[:-1]``."""
-  return _row_kernel("capped_simplex", x, k, l, ("full", "row", "passes", "row", "row"),
-                     attributes)
-
-
-def magnitude_kernel(x, k, l, p: float):
-  """The magnitude kernel (:mod:`implicit_topk.kernels.native_magnitude`) on ``x`` of
-  shape ``(..., n)`` with the p-norm exponent ``p``: ``(lam, passes, residual)``, one
-  per row; ``k`` and ``l`` broadcast to ``x.shape[:-1]``."""
-  from implicit_topk.kernels import native_magnitude
-  return _row_kernel("magnitude", x, k, l, ("row", "passes", "row"),
-                     native_magnitude.attributes(regularizers.PNorm(p).exponent))
 
 
 def _mask_operator(attributes):
   """``(x, k, l) -> (mask, lam, passes, residual, shift)`` by the kernel, with the
   derivatives of the implicit function theorem by the derivative kernels
-  (:mod:`implicit_topk.kernels.native_derivatives`): forward mode calls the tangent
+  (:mod:`implicit_topk.kernels.cpu.native_derivatives`): forward mode calls the tangent
   kernel, reverse mode its transpose, the cotangent kernel; higher orders
   differentiate :func:`implicit_topk.solvers.mask_tangent.tangent`, the same map in
   JAX."""
-  from implicit_topk.kernels import ffi
-  reference = functools.partial(mask_tangent.tangent, int(attributes["kind"]),
-                                float(attributes["a"]))
+  kind, a = int(attributes["kind"]), float(attributes["a"])
+  reference = functools.partial(mask_tangent.tangent, kind, a)
+  rule = derivative_rule(kind, a)
 
   @jax.custom_jvp
   def operator(x, k, l):
@@ -108,7 +52,8 @@ def _mask_operator(attributes):
     _, lam, _, _, shift = outs
     full, rows = jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(lam.shape, x.dtype)
     y_dot, lam_dot = ffi.linear_call(
-        _target("capped_simplex_tangent", x.dtype), _target("capped_simplex_cotangent", x.dtype),
+        registry.target(f"capped_simplex_tangent_{rule}", x.dtype),
+        registry.target(f"capped_simplex_cotangent_{rule}", x.dtype),
         (full, rows), (full, rows, rows), (x, lam, shift, l), tangents, reference, **attributes)
     zeros = [jnp.zeros_like(out) for out in outs[2:]]
     return outs, (y_dot, lam_dot, *zeros)
@@ -135,7 +80,7 @@ class NativeSolver(ThresholdRootSolver):
   (entropy, sigmoid, Laplace) iterate over the whole row. Exact to floating-point
   precision, on CPU, for every built-in regularizer on whole rows of the last axis.
   The top-k in magnitude (:class:`~implicit_topk.problems.Magnitude`, every ``p``)
-  has its own kernel (:mod:`implicit_topk.kernels.native_magnitude`): only the
+  has its own kernel (:mod:`implicit_topk.kernels.cpu.native_magnitude`): only the
   magnitudes above :math:`h^{-1}(|x|_{(\lceil k\rceil)})`, :math:`h(y) = y + l
   y^{p-1}`, can be nonzero, and the same Newton iteration runs on those; its output
   map and derivatives are the problem's JAX code.

@@ -1,6 +1,6 @@
 r"""Fused Pallas solver: the threshold of every row in one kernel, certified, with a fallback.
 
-:mod:`implicit_topk.kernels.pallas_threshold` runs the safeguarded Newton/bisection of
+:mod:`implicit_topk.kernels.gpu.pallas_threshold` runs the safeguarded Newton/bisection of
 :class:`~implicit_topk.solvers.ThresholdSolver` inside one Pallas program per block of
 rows, up to a cap of passes, and certifies each row by that iteration's own stopping
 rules. Rows it does not certify are solved again by the pure-JAX Newton iteration,
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from implicit_topk import _validation
-from implicit_topk.kernels import pallas_threshold
+from implicit_topk.kernels.gpu import pallas_threshold
 from implicit_topk.solvers.base import ThresholdRootSolver
 from implicit_topk.solvers.threshold import ThresholdSolver
 
@@ -55,7 +55,7 @@ class PallasSolver(ThresholdRootSolver):
   0.11 warns that this backend is deprecated); on any other backend (CPU, TPU) the
   same kernel runs in Pallas interpret mode, as ordinary XLA operations: correct and
   slow, meant for tests. Rows longer than
-  :data:`~implicit_topk.kernels.pallas_threshold.MAX_ROW_LENGTH` (4096) entries are
+  :data:`~implicit_topk.kernels.gpu.pallas_threshold.MAX_ROW_LENGTH` (4096) entries are
   solved by :class:`ThresholdSolver` alone. Accumulates in float32 for float32,
   bfloat16 and float16 input, float64 for float64.
 

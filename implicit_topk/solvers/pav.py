@@ -1,6 +1,6 @@
 """Exact PAV solver: a compiled numba kernel per row, called as an XLA FFI custom call.
 
-The problem's kernel (:mod:`implicit_topk.kernels.pav_ffi`) sorts each row (radix
+The problem's kernel (:mod:`implicit_topk.kernels.cpu.pav_ffi`) sorts each row (radix
 sort), runs Pool-Adjacent-Violators on the isotonic dual (``proofs/isotonic_dual.md``)
 and returns the threshold ``lam``. Cost per row: one sort plus O(n) for p = 2 and
 p = 4/3 (closed-form block values); other p solve each block value by safeguarded

@@ -51,10 +51,10 @@ import types
 from typing import Any
 
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
-from implicit_topk.kernels import ffi
-from implicit_topk.kernels import native_threshold as _nt
+from implicit_topk.kernels.cpu import abi
+from implicit_topk.kernels.cpu import native_threshold as _nt
 
 _H_STEPS = 100  # cap of the scalar Newton for h^{-1} (it is monotone: a few suffice)
 _H_TOL = 2.0**-44  # relative step at which that Newton stops (quadratic: then converged)
@@ -133,7 +133,7 @@ def _with_globals(function, **names):
   missing = set(names) - set(source.__code__.co_names)
   if missing:
     raise ImportError(f"{source.__qualname__} no longer calls {sorted(missing)}; "
-                      "implicit_topk.kernels.native_magnitude needs updating.")
+                      "implicit_topk.kernels.cpu.native_magnitude needs updating.")
   clone = types.FunctionType(source.__code__, dict(source.__globals__, **names),
                              source.__name__, source.__defaults__, source.__closure__)
   options = {key: value for key, value in _OPTIONS.items() if key != "cache"}
@@ -335,7 +335,7 @@ def magnitude_rows(x, k, l, a, lam, passes, residual):
 
 # -- the FFI handlers: (x (..., n), k (...), l (...)) with the attribute a = 1/(p-1)
 #    (float64) -> (lam (...), passes int32 (...), residual (...)), one float dtype. -----
-_BAD_ARGUMENTS = ffi.message(
+_BAD_ARGUMENTS = abi.message(
     "implicit_topk magnitude kernel: expected x (..., n), k (...), l (...) of one float "
     "dtype and a scalar attribute a (float64, > 0); results lam (...), passes int32 (...), "
     "residual (...)")
@@ -343,50 +343,39 @@ _BAD_ARGUMENTS = ffi.message(
 
 @njit(inline="always", **_OPTIONS)
 def _magnitude_call(frame, sample):
-  if ffi.handler_prologue(frame):
-    return ffi.null()
-  code = ffi.dtype_code(sample)
-  a_at = ffi.scalar_attribute(frame, 97, ffi.FLOAT64)
-  if ffi.count(frame, False) != 3 or ffi.count(frame, True) != 3 or a_at == 0:
-    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
-  a = carray(ffi.typed_pointer(a_at, np.float64(0)), (1,))[0]
-  xb, kb, lb = ffi.buffer(frame, False, 0), ffi.buffer(frame, False, 1), ffi.buffer(frame, False, 2)
-  lamb, passb, resb = ffi.buffer(frame, True, 0), ffi.buffer(frame, True, 1), ffi.buffer(frame, True, 2)
-  rank = ffi.buffer_rank(xb)
+  if abi.handler_prologue(frame):
+    return abi.null()
+  code = abi.dtype_code(sample)
+  a_at = abi.scalar_attribute(frame, 97, abi.FLOAT64)
+  if abi.count(frame, False) != 3 or abi.count(frame, True) != 3 or a_at == 0:
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  a = carray(abi.typed_pointer(a_at, np.float64(0)), (1,))[0]
+  xb, kb, lb = abi.buffer(frame, False, 0), abi.buffer(frame, False, 1), abi.buffer(frame, False, 2)
+  lamb, passb, resb = abi.buffer(frame, True, 0), abi.buffer(frame, True, 1), abi.buffer(frame, True, 2)
+  rank = abi.buffer_rank(xb)
   if rank < 1 or not (a > 0.0 and a < np.inf):
-    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
-  n = ffi.buffer_dim(xb, rank - 1)
-  rows = ffi.size(xb) // n if n > 0 else ffi.size(kb)
-  ok = (ffi.buffer_dtype(xb) == code and ffi.has(kb, code, rows) and ffi.has(lb, code, rows)
-        and ffi.has(lamb, code, rows) and ffi.has(passb, ffi.INT32, rows)
-        and ffi.has(resb, code, rows))
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  n = abi.buffer_dim(xb, rank - 1)
+  rows = abi.size(xb) // n if n > 0 else abi.size(kb)
+  ok = (abi.buffer_dtype(xb) == code and abi.has(kb, code, rows) and abi.has(lb, code, rows)
+        and abi.has(lamb, code, rows) and abi.has(passb, abi.INT32, rows)
+        and abi.has(resb, code, rows))
   if not ok:
-    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
-  x = carray(ffi.typed_pointer(ffi.buffer_data(xb), sample), (rows, n))
-  k = carray(ffi.typed_pointer(ffi.buffer_data(kb), sample), (rows,))
-  l = carray(ffi.typed_pointer(ffi.buffer_data(lb), sample), (rows,))
-  lam = carray(ffi.typed_pointer(ffi.buffer_data(lamb), sample), (rows,))
-  passes = carray(ffi.typed_pointer(ffi.buffer_data(passb), np.int32(0)), (rows,))
-  residual = carray(ffi.typed_pointer(ffi.buffer_data(resb), sample), (rows,))
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  x = carray(abi.typed_pointer(abi.buffer_data(xb), sample), (rows, n))
+  k = carray(abi.typed_pointer(abi.buffer_data(kb), sample), (rows,))
+  l = carray(abi.typed_pointer(abi.buffer_data(lb), sample), (rows,))
+  lam = carray(abi.typed_pointer(abi.buffer_data(lamb), sample), (rows,))
+  passes = carray(abi.typed_pointer(abi.buffer_data(passb), np.int32(0)), (rows,))
+  residual = carray(abi.typed_pointer(abi.buffer_data(resb), sample), (rows,))
   if magnitude_rows(x, k, l, a, lam, passes, residual) != 0:
-    return ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
-  return ffi.null()
+    return abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
+  return abi.null()
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
 def magnitude_f32(frame):
   return _magnitude_call(frame, np.float32(0))
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
 def magnitude_f64(frame):
   return _magnitude_call(frame, np.float64(0))
-
-
-HANDLERS: dict[str, dict[np.dtype, Any]] = {"magnitude": {np.dtype(np.float32): magnitude_f32,
-                                                          np.dtype(np.float64): magnitude_f64}}
-
-
-def attributes(a: float) -> dict:
-  """The kernel's attribute: the p-norm exponent ``a = 1 / (p - 1)``."""
-  return {"a": np.float64(a)}

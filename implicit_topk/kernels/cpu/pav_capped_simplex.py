@@ -3,7 +3,7 @@
 The mask ``y = argmax_{y in [0,1]^n, sum y = k} <x, y> - l Omega(y)`` is the
 permutahedron LP with ``w = (1, .., 1, f, 0, .., 0)`` (``floor(k)`` ones, then the
 fractional part ``f`` of ``k``): its isotonic dual is solved by the PAV loop of
-:mod:`implicit_topk.kernels.isotonic_pav` on the sorted row (Blondel, Teboul, Berthet
+:mod:`implicit_topk.kernels.cpu.isotonic_pav` on the sorted row (Blondel, Teboul, Berthet
 and Djolonga 2020, "Fast differentiable sorting and ranking", ICML), after an exact
 reduction to the window of entries that can be fractional.
 
@@ -15,9 +15,9 @@ import math
 import numpy as np
 from numba import njit
 
-from implicit_topk.kernels.isotonic_pav import (KINDS, _per_row, _select, _workspace,
+from implicit_topk.kernels.cpu.isotonic_pav import (KINDS, _per_row, _select, _workspace,
                                                 link_code, pav_blocks)
-from implicit_topk.kernels.radix_sort import sort_ascending
+from implicit_topk.kernels.cpu.radix_sort import sort_ascending
 
 _FAR_L = 2.0 ** 64  # l outside [1 / _FAR_L, _FAR_L] is rescaled to [1, 2)
 

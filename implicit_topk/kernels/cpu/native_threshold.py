@@ -44,13 +44,11 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
-from implicit_topk.kernels import ffi
+from implicit_topk.kernels.cpu import abi
 
-# Regularizer kinds (``kind`` in the parameters): the mask of z = (x - lam) / l.
-PNORM, ENTROPY, SIGMOID, LAPLACE = 0, 1, 2, 3
-KINDS = {"pnorm": PNORM, "exp": ENTROPY, "sigmoid": SIGMOID, "laplace": LAPLACE}
+from implicit_topk.kernels.cpu.kinds import ENTROPY, KINDS, LAPLACE, PNORM, SIGMOID  # noqa: F401
 _SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quickselect
 _MAXITER = 200
 _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a sample
@@ -654,7 +652,7 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
 #    kind (int32) -> (y (..., n), lam (...), passes int32 (...), residual (...),
 #    shift (...)), one
 #    float dtype. ----------------------------------------------------------------------
-_BAD_ARGUMENTS = ffi.message(
+_BAD_ARGUMENTS = abi.message(
     "implicit_topk capped_simplex kernel: expected x (..., n), k (...), l (...) of one "
     "float dtype, scalar attributes a (float64) and kind (int32); results y (..., n), "
     "lam (...), passes int32 (...), residual (...), shift (...)")
@@ -662,56 +660,45 @@ _BAD_ARGUMENTS = ffi.message(
 
 @njit(inline="always", **_OPTIONS)
 def _capped_simplex_call(frame, sample):
-  if ffi.handler_prologue(frame):
-    return ffi.null()
-  code = ffi.dtype_code(sample)
-  a_at, kind_at = ffi.scalar_attribute(frame, 97, ffi.FLOAT64), ffi.scalar_attribute(frame, 107, ffi.INT32)
-  if ffi.count(frame, False) != 3 or ffi.count(frame, True) != 5 or a_at == 0 or kind_at == 0:
-    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
-  xb, kb, lb = ffi.buffer(frame, False, 0), ffi.buffer(frame, False, 1), ffi.buffer(frame, False, 2)
-  yb, lamb, passb, resb, shiftb = (ffi.buffer(frame, True, 0), ffi.buffer(frame, True, 1),
-                                   ffi.buffer(frame, True, 2), ffi.buffer(frame, True, 3),
-                                   ffi.buffer(frame, True, 4))
-  rank = ffi.buffer_rank(xb)
+  if abi.handler_prologue(frame):
+    return abi.null()
+  code = abi.dtype_code(sample)
+  a_at, kind_at = abi.scalar_attribute(frame, 97, abi.FLOAT64), abi.scalar_attribute(frame, 107, abi.INT32)
+  if abi.count(frame, False) != 3 or abi.count(frame, True) != 5 or a_at == 0 or kind_at == 0:
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  xb, kb, lb = abi.buffer(frame, False, 0), abi.buffer(frame, False, 1), abi.buffer(frame, False, 2)
+  yb, lamb, passb, resb, shiftb = (abi.buffer(frame, True, 0), abi.buffer(frame, True, 1),
+                                   abi.buffer(frame, True, 2), abi.buffer(frame, True, 3),
+                                   abi.buffer(frame, True, 4))
+  rank = abi.buffer_rank(xb)
   if rank < 1:
-    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
-  n = ffi.buffer_dim(xb, rank - 1)
-  rows = ffi.size(xb) // n if n > 0 else ffi.size(kb)
-  ok = (ffi.buffer_dtype(xb) == code and ffi.has(kb, code, rows) and ffi.has(lb, code, rows)
-        and ffi.has(yb, code, rows * n)
-        and ffi.has(lamb, code, rows) and ffi.has(passb, ffi.INT32, rows)
-        and ffi.has(resb, code, rows) and ffi.has(shiftb, code, rows))
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  n = abi.buffer_dim(xb, rank - 1)
+  rows = abi.size(xb) // n if n > 0 else abi.size(kb)
+  ok = (abi.buffer_dtype(xb) == code and abi.has(kb, code, rows) and abi.has(lb, code, rows)
+        and abi.has(yb, code, rows * n)
+        and abi.has(lamb, code, rows) and abi.has(passb, abi.INT32, rows)
+        and abi.has(resb, code, rows) and abi.has(shiftb, code, rows))
   if not ok:
-    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
-  x = carray(ffi.typed_pointer(ffi.buffer_data(xb), sample), (rows, n))
-  k = carray(ffi.typed_pointer(ffi.buffer_data(kb), sample), (rows,))
-  l = carray(ffi.typed_pointer(ffi.buffer_data(lb), sample), (rows,))
-  kind = ffi.load32(kind_at)
-  a = carray(ffi.typed_pointer(a_at, np.float64(0)), (1,))[0]
-  y = carray(ffi.typed_pointer(ffi.buffer_data(yb), sample), (rows, n))
-  lam = carray(ffi.typed_pointer(ffi.buffer_data(lamb), sample), (rows,))
-  passes = carray(ffi.typed_pointer(ffi.buffer_data(passb), np.int32(0)), (rows,))
-  residual = carray(ffi.typed_pointer(ffi.buffer_data(resb), sample), (rows,))
-  shift = carray(ffi.typed_pointer(ffi.buffer_data(shiftb), sample), (rows,))
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  x = carray(abi.typed_pointer(abi.buffer_data(xb), sample), (rows, n))
+  k = carray(abi.typed_pointer(abi.buffer_data(kb), sample), (rows,))
+  l = carray(abi.typed_pointer(abi.buffer_data(lb), sample), (rows,))
+  kind = abi.load32(kind_at)
+  a = carray(abi.typed_pointer(a_at, np.float64(0)), (1,))[0]
+  y = carray(abi.typed_pointer(abi.buffer_data(yb), sample), (rows, n))
+  lam = carray(abi.typed_pointer(abi.buffer_data(lamb), sample), (rows,))
+  passes = carray(abi.typed_pointer(abi.buffer_data(passb), np.int32(0)), (rows,))
+  residual = carray(abi.typed_pointer(abi.buffer_data(resb), sample), (rows,))
+  shift = carray(abi.typed_pointer(abi.buffer_data(shiftb), sample), (rows,))
   if capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift) != 0:
-    return ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
-  return ffi.null()
+    return abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
+  return abi.null()
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
 def capped_simplex_f32(frame):
   return _capped_simplex_call(frame, np.float32(0))
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
 def capped_simplex_f64(frame):
   return _capped_simplex_call(frame, np.float64(0))
-
-
-HANDLERS: dict[str, dict[np.dtype, Any]] = {"capped_simplex": {np.dtype(np.float32): capped_simplex_f32,
-                               np.dtype(np.float64): capped_simplex_f64}}
-
-
-def attributes(kind: int, a: float) -> dict:
-  """The kernel's attributes: the regularizer ``kind`` and the p-norm exponent ``a``."""
-  return {"a": np.float64(a), "kind": np.int32(kind)}

@@ -2,7 +2,7 @@
 
 The magnitude operator of Sander et al. 2023 ("Fast, differentiable and sparse top-k:
 a convex analysis perspective", ICML) with the p-norm regularizer: its dual is an
-isotonic problem solved by the PAV loop of :mod:`implicit_topk.kernels.isotonic_pav`
+isotonic problem solved by the PAV loop of :mod:`implicit_topk.kernels.cpu.isotonic_pav`
 on ``|x|`` sorted (``proofs/magnitude_threshold.md``).
 
 Pure numpy + numba (no jax).
@@ -13,10 +13,10 @@ import math
 import numpy as np
 from numba import njit
 
-from implicit_topk.kernels.isotonic_pav import (CUBIC, GENERAL, KINDS, P2, _EPS, _MAXIT,
+from implicit_topk.kernels.cpu.isotonic_pav import (CUBIC, GENERAL, KINDS, P2, _EPS, _MAXIT,
                                                 _block_eval, _clip, _pav_row, _per_row,
                                                 _select)
-from implicit_topk.kernels.radix_sort import sort_ascending
+from implicit_topk.kernels.cpu.radix_sort import sort_ascending
 
 # ============================================================================
 # top-k in magnitude (implicit_topk.magnitude, proofs/magnitude_threshold.md)

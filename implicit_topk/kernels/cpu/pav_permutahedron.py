@@ -2,9 +2,9 @@
 
 ``argmax_{y in P(w)} <x, y> - l Omega(y)`` in block form (Blondel, Teboul, Berthet and
 Djolonga 2020, "Fast differentiable sorting and ranking", ICML): the isotonic problem
-of :func:`implicit_topk.kernels.isotonic_pav.isotonic_pav` with ``s = sort(x)`` and
+of :func:`implicit_topk.kernels.cpu.isotonic_pav.isotonic_pav` with ``s = sort(x)`` and
 ``w = sort(w)``, both descending. The rows are sorted in the kernel
-(:func:`~implicit_topk.kernels.radix_sort.argsort_descending`).
+(:func:`~implicit_topk.kernels.cpu.radix_sort.argsort_descending`).
 
 Pure numpy + numba (no jax).
 """
@@ -12,8 +12,8 @@ Pure numpy + numba (no jax).
 import numpy as np
 from numba import njit
 
-from implicit_topk.kernels.isotonic_pav import KINDS, _select, pav_blocks
-from implicit_topk.kernels.radix_sort import argsort_descending
+from implicit_topk.kernels.cpu.isotonic_pav import KINDS, _select, pav_blocks
+from implicit_topk.kernels.cpu.radix_sort import argsort_descending
 
 @njit(cache=True)
 def permutahedron_row(kind, x, xo, sort_x, w, wo, sort_w, l, a, pm1, values, ids, inverse):

@@ -60,7 +60,7 @@ are removed with two binary searches, so the PAV (and its memory) only spans
 the window of entries that can be fractional.
 
 Compiled functions use ``cache=True`` and run serially: they are called from XLA FFI
-handlers (:mod:`implicit_topk.kernels.pav_ffi`), and XLA runs ops on its own threads.
+handlers (:mod:`implicit_topk.kernels.cpu.pav_ffi`), and XLA runs ops on its own threads.
 Numba cannot cache a function that *receives* a dispatcher as an argument
 from Python (nor one whose compiled code keeps a dispatcher argument alive),
 so each (entry point, solver) pair is dispatched on an integer kind inside a
@@ -69,9 +69,9 @@ functions (which take the solver as an argument) are inlined into it
 (``inline="always"``).
 
 This module holds the PAV loop and its block solvers; the per-problem drivers are
-:mod:`~implicit_topk.kernels.pav_capped_simplex`,
-:mod:`~implicit_topk.kernels.pav_magnitude` and
-:mod:`~implicit_topk.kernels.pav_permutahedron`.
+:mod:`~implicit_topk.kernels.cpu.pav_capped_simplex`,
+:mod:`~implicit_topk.kernels.cpu.pav_magnitude` and
+:mod:`~implicit_topk.kernels.cpu.pav_permutahedron`.
 """
 
 import math
@@ -419,7 +419,7 @@ def _pav_row(solve, singleton, kind, s, w, l, a, pm1, polish_steps, stats,
     ``singleton(kind, s, i, w_i, l, a, pm1)`` gives the value of the one-element
     block ``[i]`` (numba functions that dispatch on the integer ``kind``: the
     p-norms and links here, :func:`_solve_any` and :func:`_singleton_any`; the
-    magnitude dual in :mod:`implicit_topk.kernels.pav_magnitude`).
+    magnitude dual in :mod:`implicit_topk.kernels.cpu.pav_magnitude`).
 
     ``s`` float64 (n,), ``w`` float64 (n,).  The block structure is written to
     the work arrays (each of length >= n): block ``j`` covers

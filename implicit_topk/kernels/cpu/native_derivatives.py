@@ -30,10 +30,10 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import carray, cfunc, literally, njit
+from numba import carray, literally, njit
 
-from implicit_topk.kernels import ffi
-from implicit_topk.kernels.native_threshold import PNORM, _LOWEST, _OPTIONS, _mask_terms, _scaled_div
+from implicit_topk.kernels.cpu import abi
+from implicit_topk.kernels.cpu.native_threshold import PNORM, _LOWEST, _OPTIONS, _mask_terms, _scaled_div
 
 
 @njit(inline="always", **_OPTIONS)
@@ -93,12 +93,8 @@ def _rule_slope(rule, v, lam, l, inv, origin, kind, a):
   return _general_slope(v, lam, l, inv, origin, kind, a)
 
 
-@njit(inline="always", **_OPTIONS)
-def _rule(kind, a):
-  """The entry rule of the regularizer."""
-  if kind == PNORM and a == 3.0:
-    return CUBIC
-  return LINEAR if kind == PNORM and a == 1.0 else GENERAL
+# The entry rule is chosen on the Python side
+# (:func:`implicit_topk.kernels.cpu.native_calls.derivative_rule`): one target each.
 
 
 _VECTOR_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath={"reassoc"})
@@ -106,7 +102,8 @@ _VECTOR_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath
 
 @njit(**_VECTOR_OPTIONS)
 def _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot, rule):
-  """:func:`tangent_rows` with the entry rule ``rule``."""
+  """Forward mode with the entry rule ``rule`` (a compile-time literal): ``y_dot``,
+  ``lam_dot`` from the tangents of ``x``, ``k``, ``l``."""
   literally(rule)
   rows, n = x.shape
   for b in range(rows):
@@ -131,7 +128,8 @@ def _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_do
 
 @njit(**_VECTOR_OPTIONS)
 def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar, rule):
-  """:func:`cotangent_rows` with the entry rule ``rule``."""
+  """Reverse mode with the entry rule ``rule`` (a compile-time literal): ``x_bar``,
+  ``k_bar``, ``l_bar`` from the cotangents of ``y``, ``lam``."""
   literally(rule)
   rows, n = x.shape
   for b in range(rows):
@@ -157,33 +155,11 @@ def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_
   return 0
 
 
-@njit(**_OPTIONS)
-def tangent_rows(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot):
-  """Forward mode: ``y_dot``, ``lam_dot`` from the tangents of ``x``, ``k``, ``l``."""
-  rule = _rule(kind, a)
-  if rule == CUBIC:
-    return _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot, CUBIC)
-  if rule == LINEAR:
-    return _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot, LINEAR)
-  return _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot, GENERAL)
-
-
-@njit(**_OPTIONS)
-def cotangent_rows(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar):
-  """Reverse mode: ``x_bar``, ``k_bar``, ``l_bar`` from the cotangents of ``y``, ``lam``."""
-  rule = _rule(kind, a)
-  if rule == CUBIC:
-    return _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar, CUBIC)
-  if rule == LINEAR:
-    return _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar, LINEAR)
-  return _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar, GENERAL)
-
-
 # -- the FFI handlers. Tangents: (x (..., n), lam, shift, l, x_dot (..., n), k_dot,
 #    l_dot) -> (y_dot (..., n), lam_dot); cotangents: (x, lam, shift, l, y_bar (..., n),
 #    lam_bar) -> (x_bar (..., n), k_bar, l_bar); one float dtype, attributes a and kind
 #    as the threshold kernel's. ----------------------------------------------------------
-_BAD_ARGUMENTS = ffi.message(
+_BAD_ARGUMENTS = abi.message(
     "implicit_topk mask derivative kernel: expected x (..., n), lam, shift, l (...), then "
     "the tangents or cotangents, all of one float dtype, and the attributes a (float64) "
     "and kind (int32)")
@@ -193,98 +169,120 @@ _BAD_ARGUMENTS = ffi.message(
 def _layout_ok(frame, code, full_args, full_rets, n_args, n_rets):
   """Whether the call has n_args arguments and n_rets results of dtype ``code``, each
   with x's rows (times n for the positions in the bit masks full_args / full_rets)."""
-  if ffi.count(frame, False) != n_args or ffi.count(frame, True) != n_rets:
+  if abi.count(frame, False) != n_args or abi.count(frame, True) != n_rets:
     return False, 0, 0
-  x = ffi.buffer(frame, False, 0)
-  rank = ffi.buffer_rank(x)
+  x = abi.buffer(frame, False, 0)
+  rank = abi.buffer_rank(x)
   if rank < 1:
     return False, 0, 0
-  n = ffi.buffer_dim(x, rank - 1)
-  rows = ffi.size(x) // n if n > 0 else ffi.size(ffi.buffer(frame, False, 1))
+  n = abi.buffer_dim(x, rank - 1)
+  rows = abi.size(x) // n if n > 0 else abi.size(abi.buffer(frame, False, 1))
   for results, total, full in ((False, n_args, full_args), (True, n_rets, full_rets)):
     for i in range(total):
       length = rows * n if (full >> i) & 1 else rows
-      if not ffi.has(ffi.buffer(frame, results, i), code, length):
+      if not abi.has(abi.buffer(frame, results, i), code, length):
         return False, 0, 0
   return True, rows, n
 
 
 @njit(inline="always", **_OPTIONS)
 def _matrix(frame, results, index, sample, rows, n):
-  return carray(ffi.typed_pointer(ffi.buffer_data(ffi.buffer(frame, results, index)), sample),
+  return carray(abi.typed_pointer(abi.buffer_data(abi.buffer(frame, results, index)), sample),
                 (rows, n))
 
 
 @njit(inline="always", **_OPTIONS)
 def _vector(frame, results, index, sample, rows):
-  return carray(ffi.typed_pointer(ffi.buffer_data(ffi.buffer(frame, results, index)), sample),
+  return carray(abi.typed_pointer(abi.buffer_data(abi.buffer(frame, results, index)), sample),
                 (rows,))
 
 
 @njit(inline="always", **_OPTIONS)
 def _attributes(frame):
-  a_at, kind_at = ffi.scalar_attribute(frame, 97, ffi.FLOAT64), ffi.scalar_attribute(frame, 107, ffi.INT32)
+  a_at, kind_at = abi.scalar_attribute(frame, 97, abi.FLOAT64), abi.scalar_attribute(frame, 107, abi.INT32)
   if a_at == 0 or kind_at == 0:
     return False, 0, 0.0
-  return True, ffi.load32(kind_at), carray(ffi.typed_pointer(a_at, np.float64(0)), (1,))[0]
+  return True, abi.load32(kind_at), carray(abi.typed_pointer(a_at, np.float64(0)), (1,))[0]
 
 
 @njit(inline="always", **_OPTIONS)
-def _tangent_call(frame, sample):
-  if ffi.handler_prologue(frame):
-    return ffi.null()
+def _tangent_call(frame, sample, rule):
+  if abi.handler_prologue(frame):
+    return abi.null()
   found, kind, a = _attributes(frame)
-  ok, rows, n = _layout_ok(frame, ffi.dtype_code(sample), 0b10001, 0b01, 7, 2)
+  ok, rows, n = _layout_ok(frame, abi.dtype_code(sample), 0b10001, 0b01, 7, 2)
   if not (found and ok):
-    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
-  status = tangent_rows(
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  status = _tangent_loops(
       _matrix(frame, False, 0, sample, rows, n), _vector(frame, False, 1, sample, rows),
       _vector(frame, False, 2, sample, rows), _vector(frame, False, 3, sample, rows),
       _matrix(frame, False, 4, sample, rows, n), _vector(frame, False, 5, sample, rows),
       _vector(frame, False, 6, sample, rows), kind, a,
-      _matrix(frame, True, 0, sample, rows, n), _vector(frame, True, 1, sample, rows))
-  return ffi.null() if status == 0 else ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
+      _matrix(frame, True, 0, sample, rows, n), _vector(frame, True, 1, sample, rows), rule)
+  return abi.null() if status == 0 else abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
 
 
 @njit(inline="always", **_OPTIONS)
-def _cotangent_call(frame, sample):
-  if ffi.handler_prologue(frame):
-    return ffi.null()
+def _cotangent_call(frame, sample, rule):
+  if abi.handler_prologue(frame):
+    return abi.null()
   found, kind, a = _attributes(frame)
-  ok, rows, n = _layout_ok(frame, ffi.dtype_code(sample), 0b010001, 0b001, 6, 3)
+  ok, rows, n = _layout_ok(frame, abi.dtype_code(sample), 0b010001, 0b001, 6, 3)
   if not (found and ok):
-    return ffi.error(frame, _BAD_ARGUMENTS, ffi.ERROR_INVALID_ARGUMENT)
-  status = cotangent_rows(
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  status = _cotangent_loops(
       _matrix(frame, False, 0, sample, rows, n), _vector(frame, False, 1, sample, rows),
       _vector(frame, False, 2, sample, rows), _vector(frame, False, 3, sample, rows),
       _matrix(frame, False, 4, sample, rows, n), _vector(frame, False, 5, sample, rows),
       kind, a, _matrix(frame, True, 0, sample, rows, n), _vector(frame, True, 1, sample, rows),
-      _vector(frame, True, 2, sample, rows))
-  return ffi.null() if status == 0 else ffi.error(frame, ffi.KERNEL_FAILED, ffi.ERROR_INTERNAL)
+      _vector(frame, True, 2, sample, rows), rule)
+  return abi.null() if status == 0 else abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
-def tangent_f32(frame):
-  return _tangent_call(frame, np.float32(0))
+# One entry point per direction, rule and dtype: a call compiles only the one it needs.
+def tangent_cubic_f32(frame):
+  return _tangent_call(frame, np.float32(0), CUBIC)
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
-def tangent_f64(frame):
-  return _tangent_call(frame, np.float64(0))
+def tangent_cubic_f64(frame):
+  return _tangent_call(frame, np.float64(0), CUBIC)
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
-def cotangent_f32(frame):
-  return _cotangent_call(frame, np.float32(0))
+def tangent_linear_f32(frame):
+  return _tangent_call(frame, np.float32(0), LINEAR)
 
 
-@cfunc(ffi.HANDLER_SIGNATURE, **_OPTIONS)
-def cotangent_f64(frame):
-  return _cotangent_call(frame, np.float64(0))
+def tangent_linear_f64(frame):
+  return _tangent_call(frame, np.float64(0), LINEAR)
 
 
-HANDLERS: dict[str, dict[np.dtype, Any]] = {
-    "capped_simplex_tangent": {np.dtype(np.float32): tangent_f32, np.dtype(np.float64): tangent_f64},
-    "capped_simplex_cotangent": {np.dtype(np.float32): cotangent_f32,
-                                 np.dtype(np.float64): cotangent_f64},
-}
+def tangent_general_f32(frame):
+  return _tangent_call(frame, np.float32(0), GENERAL)
+
+
+def tangent_general_f64(frame):
+  return _tangent_call(frame, np.float64(0), GENERAL)
+
+
+def cotangent_cubic_f32(frame):
+  return _cotangent_call(frame, np.float32(0), CUBIC)
+
+
+def cotangent_cubic_f64(frame):
+  return _cotangent_call(frame, np.float64(0), CUBIC)
+
+
+def cotangent_linear_f32(frame):
+  return _cotangent_call(frame, np.float32(0), LINEAR)
+
+
+def cotangent_linear_f64(frame):
+  return _cotangent_call(frame, np.float64(0), LINEAR)
+
+
+def cotangent_general_f32(frame):
+  return _cotangent_call(frame, np.float32(0), GENERAL)
+
+
+def cotangent_general_f64(frame):
+  return _cotangent_call(frame, np.float64(0), GENERAL)

@@ -1,0 +1,205 @@
+r"""The one bridge from JAX to the compiled (numba) CPU kernels: typed XLA FFI calls.
+
+A kernel here is a numba ``@cfunc`` that XLA calls directly as a typed FFI handler
+(``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, ``jax.ffi.include_dir()/xla/ffi/api/
+c_api.h``): no ``jax.pure_callback``, no Python round trip, no GIL. The call is an
+ordinary custom call in the compiled module, so it
+
+* runs eagerly, under ``jit``, ``vmap`` (``vmap_method="broadcast_all"``: the batch
+  becomes more rows), ``grad`` and ``jvp`` (the solvers differentiate implicitly; the
+  kernel itself is never differentiated);
+* exports with ``jax.export`` (custom calls serialize by name; pass
+  :func:`implicit_topk.export_safety_checks` as ``disabled_checks``; the process that
+  runs the exported function registers the targets with
+  :func:`implicit_topk.register_kernels`);
+* keeps a batch-sharded input sharded (the targets are registered as batch
+  partitionable: each device runs the kernel on its own rows).
+
+This module is the JAX side and imports nothing of numba: the handler protocol is
+:mod:`implicit_topk.kernels.cpu.abi`, and the handlers are compiled and registered on
+first use by :mod:`implicit_topk.kernels.cpu.registry`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.extend
+from jax.interpreters import ad, batching, mlir
+
+from implicit_topk.kernels.cpu import registry
+
+# -- the Python side ------------------------------------------------------------
+registered_targets = registry.registered_targets
+
+
+def call(name: str, results: Sequence[jax.ShapeDtypeStruct], *args, **attributes) -> Any:
+  """The registered target ``name`` on ``args`` (arrays) and ``attributes`` (NumPy
+  scalars), one custom call: ``results`` give the shapes and dtypes.
+
+  Every argument and result has the same leading (batch) axes, one row each; the
+  call is batch partitionable (a sharded batch stays sharded: XLA runs it on each
+  device's rows) and ``vmap`` adds a leading batch axis to every operand. Inside
+  ``shard_map`` the results vary over the mesh axes the arguments vary over.
+  """
+  avals = tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in results)
+  return tuple(_native_call.bind(*args, target=name, results=avals,
+                                 attributes=tuple(sorted(attributes.items()))))
+
+
+def _abstract_eval(*args, target, results, attributes):
+  """The results' avals, typed (inside ``shard_map``) as varying over the mesh axes the
+  most varying argument varies over: one value per shard, as the kernel computes them
+  (a cast after the call would transpose to a sum over devices)."""
+  del target, attributes
+  base = max(args, key=lambda a: len(_aval_axes(a)), default=None)
+  if base is None or not _aval_axes(base):
+    return results
+  return tuple(base.update(shape=r.shape, dtype=r.dtype, weak_type=False) for r in results)
+
+
+def _aval_axes(aval) -> frozenset:
+  mat = getattr(aval, "mat", None)
+  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _lowering(ctx, *operands, target, results, attributes):
+  """The custom call, marked batch partitionable over the leading axes of the first
+  operand (all but its last): the frontend attribute XLA's batch partitioner reads and,
+  under Shardy, the sharding rule that says the same."""
+  del results
+  registry.ensure(target)  # built and registered when a call of it is first lowered
+  batch = len(ctx.avals_in[0].shape) - 1
+  extra = {"mhlo.frontend_attributes": mlir.ir_attribute({"num_batch_dims": str(batch)})}
+  rule = _sharding_rule(ctx, batch)
+  if rule is not None:
+    extra["sdy.sharding_rule"] = rule
+  lower = jax.ffi.ffi_lowering(target, extra_attributes=extra)
+  return lower(ctx, *operands, **dict(attributes))
+
+
+def _sharding_rule(ctx, batch):
+  """Shardy's rule "... a, ..., ... -> ... b, ..." (the leading axes shared, the rest
+  local); None where this jax has no Shardy or its helpers moved (then XLA keeps the
+  call on replicated data: correct, not partitioned)."""
+  if not jax.config.jax_use_shardy_partitioner:
+    return None
+  try:
+    from jax._src import custom_partitioning_sharding_rule as rules
+  except ImportError:
+    return None
+  letters = iter("abcdefghijklmnopqrstuvwxyz")
+
+  def factors(aval):
+    local = " ".join(next(letters) for _ in range(len(aval.shape) - batch))
+    return ("... " + local).strip() if batch else local
+
+  text = (", ".join(factors(a) for a in ctx.avals_in) + " -> "
+          + ", ".join(factors(a) for a in ctx.avals_out))
+  types_in = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_in]
+  types_out = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
+  return rules.sdy_sharding_rule_to_mlir(rules.str_to_sdy_sharding_rule(text), types_in,
+                                         types_out)
+
+
+def _batched(primitive, *avals_params):
+  """The vmap rule of ``primitive``: the mapped axis becomes a leading batch axis of
+  every operand (broadcast where an operand is not mapped) and of every result (the
+  parameters named in ``avals_params`` hold result avals and get it too)."""
+
+  def rule(args, dims, **params):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved = [jax.numpy.broadcast_to(a, (size,) + a.shape) if d is None
+             else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    for name in avals_params:
+      params[name] = tuple(jax.core.ShapedArray((size,) + r.shape, r.dtype)
+                           for r in params[name])
+    outs = primitive.bind(*moved, **params)
+    return outs, [0] * len(outs)
+
+  return rule
+
+
+_native_call = jax.extend.core.Primitive("implicit_topk_native_call")
+_native_call.multiple_results = True
+_native_call.def_abstract_eval(_abstract_eval)
+_native_call.def_impl(lambda *args, **params: jax.jit(
+    functools.partial(_native_call.bind, **params))(*args))
+mlir.register_lowering(_native_call, _lowering, platform="cpu")
+batching.primitive_batchers[_native_call] = _batched(_native_call, "results")
+
+
+def linear_call(name: str, transpose_name: str, results, transposed, primals, tangents,
+                reference, **attributes):
+  """``name`` on ``(*primals, *tangents)``: a kernel linear in ``tangents`` (e.g. a
+  Jacobian-vector product), whose transpose is the kernel ``transpose_name`` on
+  ``(*primals, *cotangents of the results)``, returning one cotangent per tangent
+  (shapes and dtypes ``transposed``).
+
+  ``reference(*primals, *tangents)`` is the same linear map written in JAX: the
+  derivatives *of* the kernels (second-order derivatives of the operator, e.g.
+  Hessian-vector products) are taken on it by autodiff, so the kernels serve the
+  first order and nothing is lost at higher orders. Reverse-mode differentiation
+  through a ``jax.custom_jvp`` rule that calls this transposes it with the
+  ``transpose_name`` kernel (whose transpose is ``name`` again)."""
+  avals = lambda shapes: tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in shapes)
+  outs = _linear_call.bind(*primals, *tangents, target=name, transpose_target=transpose_name,
+                           results=avals(results), transposed=avals(transposed),
+                           attributes=tuple(sorted(attributes.items())),
+                           num_primals=len(primals), reference=reference)
+  return tuple(outs)
+
+
+class _Transposed:
+  """The transpose of a JAX linear map ``reference(*primals, *tangents)`` in its
+  tangents, as ``(*primals, *cotangents) -> cotangents of the tangents``."""
+
+  def __init__(self, reference, num_primals, tangents):
+    self.reference, self.num_primals, self.tangents = reference, num_primals, tangents
+
+  def __call__(self, *args):
+    primals, cotangents = args[:self.num_primals], args[self.num_primals:]
+    zeros = [jax.numpy.zeros(t.shape, t.dtype) for t in self.tangents]
+    _, transpose = jax.vjp(lambda *t: self.reference(*primals, *t), *zeros)
+    return tuple(transpose(tuple(cotangents)))
+
+
+def _linear_impl(*args, target, results, attributes, **_):
+  return _native_call.bind(*args, target=target, results=results, attributes=attributes)
+
+
+def _linear_transpose(cotangents, *args, target, transpose_target, results, transposed,
+                      attributes, num_primals, reference):
+  primals, tangents = args[:num_primals], args[num_primals:]
+  cotangents = [jax.numpy.zeros(r.shape, r.dtype) if type(c) is ad.Zero else c
+                for c, r in zip(cotangents, results)]
+  outs = _linear_call.bind(*primals, *cotangents, target=transpose_target,
+                           transpose_target=target, results=transposed, transposed=results,
+                           attributes=attributes, num_primals=num_primals,
+                           reference=_Transposed(reference, num_primals, transposed))
+  return [None] * num_primals + [out if ad.is_undefined_primal(t) else None
+                                 for out, t in zip(outs, tangents)]
+
+
+def _linear_jvp(primals, tangents, *, reference, **_):
+  """Derivatives of the kernels' linear map: those of its JAX reference."""
+  tangents = [jax.numpy.zeros(p.shape, p.dtype) if type(t) is ad.Zero else t
+              for p, t in zip(primals, tangents)]
+  outs, outs_dot = jax.jvp(lambda *a: tuple(reference(*a)), tuple(primals), tuple(tangents))
+  return list(outs), list(outs_dot)
+
+
+_linear_call = jax.extend.core.Primitive("implicit_topk_native_linear_call")
+_linear_call.multiple_results = True
+_linear_call.def_abstract_eval(
+    lambda *args, results, **params: _abstract_eval(*args, target=None, results=results,
+                                                    attributes=None))
+_linear_call.def_impl(lambda *args, **params: jax.jit(
+    functools.partial(_linear_call.bind, **params))(*args))
+mlir.register_lowering(_linear_call, mlir.lower_fun(_linear_impl, multiple_results=True),
+                       platform="cpu")
+batching.primitive_batchers[_linear_call] = _batched(_linear_call, "results", "transposed")
+ad.primitive_transposes[_linear_call] = _linear_transpose
+ad.primitive_jvps[_linear_call] = _linear_jvp

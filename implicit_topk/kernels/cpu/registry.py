@@ -1,0 +1,152 @@
+"""Where the CPU kernels become XLA FFI targets: compiled and registered on first use.
+
+Each target is one handler (a numba ``@cfunc`` of
+:data:`implicit_topk.kernels.cpu.abi.HANDLER_SIGNATURE`) for one kernel family and
+one dtype, named ``implicit_topk_<family>_<dtype>``. Nothing is compiled when
+``implicit_topk`` is imported: :func:`ensure` compiles a handler when a call of it is
+first traced (numba caches the machine code on disk, ``cache=True``: in
+``__pycache__`` beside the source, or numba's user cache directory where that is
+read-only, so a later process loads it in a fraction of a second). A process that
+only runs an exported function traces nothing; it calls
+:func:`implicit_topk.register_kernels` (with the exported function, to build just
+the targets it calls).
+
+A handler that takes more than :data:`SLOW_COMPILE_SECONDS` to build says so once
+through the ``implicit_topk`` logger (a cold cache: a few seconds to a minute per
+handler on two cores), so that a first call is not taken for a hung process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+import threading
+import time
+from typing import Iterable
+
+import numpy as np
+
+_LOGGER = logging.getLogger("implicit_topk")
+PREFIX = "implicit_topk_"
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: Seconds after which a handler's build is announced through the logger.
+SLOW_COMPILE_SECONDS = 2.0
+
+#: family -> (the solver that calls it, its module, the entry function per dtype).
+FAMILIES = {
+    "capped_simplex": ("native", "native_threshold", "capped_simplex_{}"),
+    **{f"capped_simplex_{direction}_{rule}": ("native", "native_derivatives",
+                                              f"{direction}_{rule}_{{}}")
+       for direction in ("tangent", "cotangent") for rule in ("cubic", "linear", "general")},
+    "magnitude": ("native", "native_magnitude", "magnitude_{}"),
+    "pav_capped_simplex": ("pav", "pav_ffi", "capped_simplex_{}"),
+    "pav_magnitude": ("pav", "pav_ffi", "magnitude_{}"),
+    "pav_permutahedron": ("pav", "pav_ffi", "permutahedron_{}"),
+}
+_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+_OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
+_BUILD_LOCK = threading.RLock()
+_REGISTERED: set = set()
+
+
+def registered_targets() -> tuple[str, ...]:
+  """The names of the FFI targets registered so far."""
+  return tuple(sorted(_REGISTERED))
+
+
+def register_handler(name: str, handler) -> None:
+  """Registers a numba ``@cfunc`` handler as the CPU FFI target ``name``, batch
+  partitionable where this jax can say so."""
+  import jax
+  jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler.address), platform="cpu")
+  partitionable = getattr(jax.ffi, "register_ffi_target_as_batch_partitionable", None)
+  if partitionable is not None:
+    partitionable(name)
+  _REGISTERED.add(name)
+
+
+def target(family: str, dtype) -> str:
+  """The FFI target name of ``family``'s handler for ``dtype``."""
+  return f"{PREFIX}{family}_{np.dtype(dtype).name}"
+
+
+def all_targets() -> tuple[str, ...]:
+  """Every CPU target this package can register."""
+  return tuple(target(family, dtype) for family in FAMILIES for dtype in DTYPES)
+
+
+def available() -> bool:
+  """Whether the compiled kernels can be built here (numba imports)."""
+  try:
+    import numba  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+def _parse(name: str):
+  for family in FAMILIES:
+    for dtype in DTYPES:
+      if name == target(family, dtype):
+        return family, dtype
+  raise ValueError(f"{name!r} is not a target of implicit_topk "
+                   f"(known: {', '.join(all_targets())}).")
+
+
+def _announce(name: str, solver: str) -> None:
+  _LOGGER.warning(
+      "implicit_topk: compiling the CPU kernel %s (solver=%r, numba) on its first use on "
+      "this machine; it is cached for later processes. solver='threshold' needs no "
+      "compilation.", name, solver)
+
+
+def ensure(name: str) -> None:
+  """Compiles (or loads from numba's cache) and registers the target ``name``, once.
+
+  Raises ``RuntimeError`` naming the solver and the pure-JAX alternative when numba
+  is missing or the build fails."""
+  if name in _REGISTERED:
+    return
+  family, dtype = _parse(name)
+  solver, module_name, entry = FAMILIES[family]
+  with _BUILD_LOCK:
+    if name in _REGISTERED:
+      return
+    timer = threading.Timer(SLOW_COMPILE_SECONDS, _announce, (name, solver))
+    timer.daemon = True
+    start = time.perf_counter()
+    timer.start()
+    try:
+      from numba import cfunc
+      from implicit_topk.kernels.cpu import abi
+      module = importlib.import_module(f"implicit_topk.kernels.cpu.{module_name}")
+      function = getattr(module, entry.format(_SUFFIX[dtype]))
+      handler = cfunc(abi.HANDLER_SIGNATURE, **_OPTIONS)(function)
+    except Exception as error:  # a missing numba or a failed build: say what to use
+      raise RuntimeError(
+          f"solver={solver!r} needs the compiled CPU kernel {name!r}, which could not be "
+          f"built here ({type(error).__name__}: {error}). Use solver='threshold' (pure "
+          f"JAX, every backend) instead.") from error
+    finally:
+      timer.cancel()
+    elapsed = time.perf_counter() - start
+    register_handler(name, handler)
+  if elapsed > SLOW_COMPILE_SECONDS:
+    _LOGGER.warning("implicit_topk: %s compiled in %.1f s.", name, elapsed)
+  else:
+    _LOGGER.debug("implicit_topk: %s loaded in %.2f s.", name, elapsed)
+
+
+def targets_called_by(exported) -> tuple[str, ...]:
+  """The targets of this package that an exported function (``jax.export.Exported``)
+  calls, read from its module's custom calls."""
+  text = exported.mlir_module()
+  known = set(all_targets())
+  return tuple(sorted({name for name in re.findall(rf"{PREFIX}\w+", text) if name in known}))
+
+
+def register(names: Iterable[str] | None = None) -> None:
+  """Builds and registers ``names`` (default: every target)."""
+  for name in (all_targets() if names is None else names):
+    ensure(name)
