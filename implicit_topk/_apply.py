@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax import export
 import numpy as np
 from jax.typing import ArrayLike
 
@@ -43,16 +44,24 @@ def apply_on_axis(fn: Callable, x: ArrayLike, axis: int, *, name: str = "x") -> 
   return restore(out)
 
 
-def input_size(x: Any) -> int:
-  """The number of entries of ``x`` (an array, tracer or nested list)."""
-  return int(np.size(x))
+def _static(dim: Any) -> int | None:
+  """``dim`` as an int, or None where it is symbolic (``jax.export`` shape polymorphism)."""
+  return None if export.is_symbolic_dim(dim) else int(dim)
+
+
+def input_size(x: Any) -> int | None:
+  """The number of entries of ``x`` (an array, tracer or nested list), or None where a
+  dimension is symbolic."""
+  shape = np.shape(x)
+  return None if any(export.is_symbolic_dim(d) for d in shape) else int(np.prod(shape, dtype=np.int64))
 
 
 def row_length(x: Any, axis: int) -> int | None:
-  """The length of ``axis`` of ``x`` (an array, tracer or nested list), or None."""
+  """The length of ``axis`` of ``x`` (an array, tracer or nested list), or None where
+  there is none or it is symbolic."""
   shape = np.shape(x)
   try:
-    return int(shape[axis])
+    return _static(shape[axis])
   except (IndexError, TypeError):
     return None
 

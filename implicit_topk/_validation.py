@@ -11,6 +11,7 @@ import numbers
 from typing import Any
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
@@ -104,7 +105,10 @@ def check_k(k: ArrayLike, n: int, *, integer: bool = False, allow_zero: bool = T
   if not np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.complexfloating):
     raise TypeError(f"`{name}` must be a real number; got {shown(k)}.")
   low_ok = value >= 0 if allow_zero else value > 0
-  high_ok = value <= n if allow_n else value < n
+  if jax.export.is_symbolic_dim(n):  # a symbolic row length (jax.export): no upper check
+    high_ok = np.ones_like(low_ok)
+  else:
+    high_ok = value <= n if allow_n else value < n
   if not np.all(low_ok & high_ok):
     bound = f"0 {'<=' if allow_zero else '<'} {name} {'<=' if allow_n else '<'} n"
     raise ValueError(f"`{name}` must satisfy {bound} with n={n} (the size of the reduced "
@@ -215,8 +219,8 @@ def check_broadcast(value: Any, batch_shape: Any, name: str,
                     what: str = "the input's shape without the reduced axis") -> None:
   """Checks that ``value`` broadcasts to ``batch_shape`` (the input without its axis)."""
   shape = np.shape(value)
-  try:
-    result = np.broadcast_shapes(shape, tuple(batch_shape))
+  try:  # jax's rule: it also takes symbolic dimensions (jax.export)
+    result = jnp.broadcast_shapes(shape, tuple(batch_shape))
   except ValueError:
     result = None
   if result != tuple(batch_shape):

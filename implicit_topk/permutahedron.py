@@ -68,6 +68,7 @@ import functools
 from typing import Union
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
@@ -119,6 +120,11 @@ def _lp(x, w, l, regularizer, dtype, solver):
   p = _kernel_spec(regularizer)
   shape = (x if x is not None else w).shape
   n = shape[-1]
+  if jax.export.is_symbolic_dim(n):
+    raise ValueError(
+        "the permutahedron operators (soft_sort, soft_rank, soft_quantile, ...) need a "
+        f"static length of the sorted axis; got the symbolic dimension {n!r}. "
+        "jax.export takes a symbolic batch dimension with a static row length.")
   ranks = jnp.broadcast_to(_ranks_vector(n, dtype), shape)
   if solver == "pav":
     x_, w_, l_ = jax.lax.stop_gradient((x, w, l))

@@ -54,6 +54,7 @@ one block per position (as the host).
 from __future__ import annotations
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -93,10 +94,11 @@ def descending_order(x, *, packed_bits: int | None = None):
   if packed_bits is None:
     packed_bits = 63 if jax.config.read("jax_enable_x64") else 31
   pack = jnp.int64 if packed_bits > 31 else jnp.int32
-  index_bits = max(1, int(n - 1).bit_length())
+  symbolic = jax.export.is_symbolic_dim(n)  # a row length unknown until run (jax.export)
+  index_bits = 0 if symbolic else max(1, int(n - 1).bit_length())
   digit_bits = packed_bits - index_bits
   position = lax.broadcasted_iota(pack, (rows, n), 1)
-  if digit_bits < 8:  # rows too long to pack: sort (key, position) pairs
+  if symbolic or digit_bits < 8:  # rows too long (or unknown) to pack: (key, position) pairs
     return lax.sort((keys, position.astype(jnp.int32)), dimension=1, num_keys=1)[1]
   unsigned = keys.dtype
   order = None

@@ -23,7 +23,7 @@ import logging
 import re
 import threading
 import time
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -113,29 +113,42 @@ def ensure(name: str) -> None:
   with _BUILD_LOCK:
     if name in _REGISTERED:
       return
-    timer = threading.Timer(SLOW_COMPILE_SECONDS, _announce, (name, solver))
-    timer.daemon = True
-    start = time.perf_counter()
-    timer.start()
-    try:
-      from numba import cfunc
-      from implicit_topk.kernels.cpu import abi
-      module = importlib.import_module(f"implicit_topk.kernels.cpu.{module_name}")
-      function = getattr(module, entry.format(_SUFFIX[dtype]))
-      handler = cfunc(abi.HANDLER_SIGNATURE, **_OPTIONS)(function)
-    except Exception as error:  # a missing numba or a failed build: say what to use
-      raise RuntimeError(
-          f"solver={solver!r} needs the compiled CPU kernel {name!r}, which could not be "
-          f"built here ({type(error).__name__}: {error}). Use solver='threshold' (pure "
-          f"JAX, every backend) instead.") from error
-    finally:
-      timer.cancel()
-    elapsed = time.perf_counter() - start
+    handler = build_announced(name, solver,
+                              lambda: _compile(module_name, entry.format(_SUFFIX[dtype])))
     register_handler(name, handler)
+
+
+def _compile(module_name: str, function_name: str):
+  """The numba ``@cfunc`` handler of ``function_name`` in ``kernels/cpu/<module_name>``."""
+  from numba import cfunc
+  from implicit_topk.kernels.cpu import abi
+  module = importlib.import_module(f"implicit_topk.kernels.cpu.{module_name}")
+  return cfunc(abi.HANDLER_SIGNATURE, **_OPTIONS)(getattr(module, function_name))
+
+
+def build_announced(name: str, solver: str, build: Callable[[], Any]) -> Any:
+  """``build()``, announced through the ``implicit_topk`` logger when it runs past
+  :data:`SLOW_COMPILE_SECONDS`; a failure becomes a ``RuntimeError`` that names the
+  solver and the pure-JAX alternative."""
+  timer = threading.Timer(SLOW_COMPILE_SECONDS, _announce, (name, solver))
+  timer.daemon = True
+  start = time.perf_counter()
+  timer.start()
+  try:
+    handler = build()
+  except Exception as error:  # a missing numba or a failed build: say what to use
+    raise RuntimeError(
+        f"solver={solver!r} needs the compiled CPU kernel {name!r}, which could not be "
+        f"built here ({type(error).__name__}: {error}). Use solver='threshold' (pure "
+        f"JAX, every backend) instead.") from error
+  finally:
+    timer.cancel()
+  elapsed = time.perf_counter() - start
   if elapsed > SLOW_COMPILE_SECONDS:
-    _LOGGER.warning("implicit_topk: %s compiled in %.1f s.", name, elapsed)
+    _LOGGER.info("implicit_topk: %s compiled in %.1f s.", name, elapsed)
   else:
     _LOGGER.debug("implicit_topk: %s loaded in %.2f s.", name, elapsed)
+  return handler
 
 
 def targets_called_by(exported) -> tuple[str, ...]:
