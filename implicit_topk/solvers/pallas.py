@@ -1,30 +1,96 @@
-r"""Fused Pallas solver: the threshold of every row in one kernel, certified, with a fallback.
+r"""Fused Pallas solver: the threshold and the output of every row in one kernel.
 
-:mod:`implicit_topk.kernels.gpu.pallas_threshold` runs the safeguarded Newton/bisection of
-:class:`~implicit_topk.solvers.ThresholdSolver` inside one Pallas program per block of
-rows, up to a cap of passes, and certifies each row by that iteration's own stopping
-rules. Rows it does not certify are solved again by the pure-JAX Newton iteration,
-warm-started from the kernel's last iterate, so no row is returned approximate
-(``proofs/pallas_certificate.md``). Derivatives come from the implicit function
-theorem, as for every solver here: one O(n) pass in plain XLA.
+:mod:`implicit_topk.kernels.gpu.pallas_threshold` runs a bounded safeguarded
+Newton/bisection iteration (:mod:`implicit_topk.kernels.gpu.bounded_newton`) inside one
+Pallas program per block of rows and writes the operator's output itself. Every row
+stops by a certified rule within a proven number of passes
+(``proofs/pallas_bounded_iteration.md``, Proposition 16), so there is no fallback, no
+``lax.cond`` and no XLA-level ``while_loop`` around the kernel: on a GPU nothing waits
+for the host. The derivatives come from the implicit function theorem in one fused XLA
+pass, recomputed from ``x`` and the thresholds in the backward pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from implicit_topk import _validation
-from implicit_topk.kernels.gpu import pallas_threshold
-from implicit_topk.solvers.base import ThresholdRootSolver
+from implicit_topk import _implicit
+from implicit_topk.kernels.gpu import bounded_newton, pallas_threshold
+from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 from implicit_topk.solvers.threshold import ThresholdSolver
+
+
+def implicit_tangent(problem, x, lam, origin, k, l, x_dot, k_dot, l_dot):
+  r"""``(y_dot, lam_dot)``: the derivative of the operator at the thresholds ``lam``.
+
+  With :math:`x' = ` ``problem.shift(x, origin)`` (the normalized rows; the origin is
+  held constant, as in ``problem.normalize``), the implicit function theorem on
+  :math:`\phi(\lambda; x', k, l) = 0` gives per row
+
+  .. math::
+
+      \dot\lambda = -\frac{\partial_{x'}\phi\,\dot x' + \partial_k\phi\,\dot k
+                           + \partial_l\phi\,\dot l}{\partial_\lambda\phi},\qquad
+      \dot y = \partial_\lambda y\,\dot\lambda + \partial_{x'} y\,\dot x'
+               + \partial_l y\,\dot l ,
+
+  each partial derivative by ``jax.jvp`` of the problem's own ``optimality`` and
+  ``primal``. For the mask, with :math:`z_i = (x'_i - \lambda)/l` and
+  :math:`d_i = \mathrm{mask}'(z_i)/l`, the gradient of :math:`\langle v, y\rangle` in
+  ``x`` is :math:`d \odot (v - \sum_i d_i v_i / \sum_i d_i)`. Where
+  :math:`\partial_\lambda\phi = 0` (a binary row) :math:`\dot\lambda = 0`, the
+  convention of :func:`implicit_topk._implicit.diagonal_solve`; NaN rows give NaN.
+  Linear in the tangents, so reverse mode transposes it: elementwise maps and row sums,
+  one fused XLA pass each way.
+  """
+  shift = lambda v: pallas_threshold.normalized(problem, v, origin)
+  xn, xn_dot = jax.jvp(shift, (x,), (x_dot,))
+  _, diagonal = jax.jvp(lambda t: problem.optimality(t, xn, k, l), (lam,), (jnp.ones_like(lam),))
+  _, phi_dot = jax.jvp(lambda a, b, c: problem.optimality(lam, a, b, c), (xn, k, l),
+                       (xn_dot, k_dot, l_dot))
+  lam_dot = _implicit._safe_divide(-phi_dot, diagonal)  # pylint: disable=protected-access
+  _, y_dot = jax.jvp(problem.primal, (lam, xn, l), (lam_dot, xn_dot, l_dot))
+  return y_dot, lam_dot
+
+
+def _fused_operator(solver):
+  """``(x, k, l) -> (y, lam, origin, passes, residual)`` on ``(batch, n)`` rows by one
+  kernel call, with the derivatives of :func:`implicit_tangent`. The tangent map runs
+  under ``jax.checkpoint`` so that reverse mode keeps only ``x`` and the per-row values
+  and recomputes the slopes in the backward pass (no ``(batch, n)`` residual written by
+  the forward)."""
+  problem = solver.problem
+  kernel = functools.partial(
+      pallas_threshold.fused_rows, problem, free_passes=solver.free_passes,
+      interpret=solver.interpret, num_warps=solver.num_warps,
+      block_elements=solver.block_elements)
+  tangent = jax.checkpoint(functools.partial(implicit_tangent, problem),
+                           policy=jax.checkpoint_policies.nothing_saveable)
+
+  @jax.custom_jvp
+  def operator(x, k, l):
+    y, lam, origin, passes, _, residual = kernel(x, k, l)
+    return y, lam, origin, passes.astype(lam.dtype), residual
+
+  @operator.defjvp
+  def operator_jvp(primals, tangents):
+    x, k, l = primals
+    outs = operator(x, k, l)
+    _, lam, origin, _, _ = outs
+    y_dot, lam_dot = tangent(x, lam, origin, k, l, *tangents)
+    zeros = [jnp.zeros_like(out) for out in outs[2:]]
+    return outs, (y_dot, lam_dot, *zeros)
+
+  return operator
 
 
 @dataclasses.dataclass(frozen=True)
 class PallasSolver(ThresholdRootSolver):
-  r"""Threshold solver fused into one Pallas kernel (Triton on GPU), exact by certificate.
+  r"""Threshold solver fused into one Pallas kernel (Triton on GPU), exact by construction.
 
   For the top-k mask of Sander et al. 2023 ("Fast, differentiable and sparse top-k: a
   convex analysis perspective", ICML)
@@ -37,37 +103,43 @@ class PallasSolver(ThresholdRootSolver):
 
   and for the top-k in magnitude, the threshold :math:`\lambda` of each row is the
   root of a continuous, nonincreasing :math:`\phi(\lambda)` (for the mask
-  :math:`\sum_i y_i(\lambda) - k`). One Pallas program per block of rows keeps the
-  rows on chip and runs the safeguarded Newton/bisection iteration of
-  :class:`ThresholdSolver` from the problem's sort-free bracket and starting guess, at
-  most ``maxiter`` passes, reading each row from memory once. A row is *certified*
-  when the iteration stopped by its own rules: :math:`\phi = 0`, a bracket collapsed
-  to a few ulps of :math:`\lambda`, or a Newton step of a few ulps with
-  :math:`|\phi|` at rounding level. Then :math:`\lambda` is the threshold to
-  floating-point precision. Rows that are not certified within ``maxiter`` passes are
-  solved by :class:`ThresholdSolver` (pure JAX, up to ``fallback_maxiter`` passes),
-  warm-started from the kernel's last iterate; that branch runs only when some row
-  needs it (``lax.cond``; under ``jax.vmap`` both branches run). The derivatives come
-  from the implicit function theorem (Blondel et al. 2022, "Efficient and modular
-  implicit differentiation", NeurIPS): one O(n) pass in plain XLA.
+  :math:`\sum_i y_i(\lambda) - k`). One Pallas program per block of rows reads the
+  rows once, keeps them on chip, runs the safeguarded Newton/bisection iteration of
+  :class:`ThresholdSolver` from the problem's sort-free bracket and starting guess for
+  ``free_passes`` passes, then alternates it with bisections of the bracket's ordered
+  bit patterns, and writes the output. Every row stops by a certified rule
+  (:math:`\phi = 0`, a bracket of a few ulps or with no float inside, or a Newton step
+  of a few ulps with :math:`|\phi|` at rounding level) within ``free_passes + 64``
+  passes in float32 (``+ 128`` in float64): Proposition 16,
+  ``proofs/pallas_bounded_iteration.md``. No row leaves the kernel, so there is no
+  fallback and nothing at the XLA level depends on the data (on XLA:GPU a ``cond`` or
+  ``while_loop`` copies its predicate to the host). The derivatives come from the
+  implicit function theorem (Blondel et al. 2022, "Efficient and modular implicit
+  differentiation", NeurIPS): for the mask, with :math:`d_i = \mathrm{mask}'(z_i)/l`,
+  the gradient of :math:`\langle v, y\rangle` is
+  :math:`d \odot (v - \sum_i d_i v_i / \sum_i d_i)`, one fused XLA pass
+  (:func:`implicit_tangent`), forward and reverse mode.
 
   Lowering: on CUDA and ROCm through Pallas' Triton backend (jax 0.10 and 0.11; jax
-  0.11 warns that this backend is deprecated); on any other backend (CPU, TPU) the
-  same kernel runs in Pallas interpret mode, as ordinary XLA operations: correct and
-  slow, meant for tests. Rows longer than
+  0.11 warns that this backend is deprecated; its custom call must be named in
+  ``jax.export``'s ``disabled_checks``, which
+  :func:`implicit_topk.export_safety_checks` does); on any other backend (CPU, TPU)
+  the same kernel runs in Pallas interpret mode, as ordinary XLA operations: correct
+  and slow, meant for tests. Rows longer than
   :data:`~implicit_topk.kernels.gpu.pallas_threshold.MAX_ROW_LENGTH` (4096) entries are
-  solved by :class:`ThresholdSolver` alone. Accumulates in float32 for float32,
-  bfloat16 and float16 input, float64 for float64.
+  solved by :class:`ThresholdSolver` (its ``while_loop`` at the XLA level).
+  Accumulates in float32 for float32, bfloat16 and float16 input, float64 for float64.
 
   Attributes:
-    maxiter: cap on the kernel's passes per row, an int >= 1 (default 48; rows of
-      normal scores need 5 to 25 in float32).
-    fallback_maxiter: cap on the passes of the fallback :class:`ThresholdSolver`, an
-      int >= 1 (default 100).
+    free_passes: unconstrained Newton passes before the ordered bisections start, an
+      int >= 0 (default 16; rows of normal scores stop after 3 to 12).
     interpret: ``None`` (default): the Triton kernel where lowered for CUDA or ROCm,
       interpret mode elsewhere; ``True`` forces interpret mode, ``False`` the compiled
       kernel (which fails to lower on CPU).
-    num_warps: Triton warps per program (default ``None``: Triton's default).
+    num_warps: Triton warps per program, a power of two (default 8; ``None``: Triton's
+      default, 4).
+    block_elements: target entries per program on a GPU, a power of two (default
+      ``None``: 512, the best measured on an H100).
     regularizer, problem, implicit_diff, implicit_diff_backend: as in
       :class:`ThresholdRootSolver`. The problem must be a
       :class:`~implicit_topk.problems.CappedSimplex` (any regularizer whose ``mask``
@@ -75,10 +147,8 @@ class PallasSolver(ThresholdRootSolver):
       rows of the last axis (not segments, pytrees or an axis split over devices:
       ``ValueError``); ``implicit_diff`` must stay ``True``.
 
-  ``run(init_params, x, k, l)`` returns ``OptStep(params=lam, state=RootState(...))``.
-  ``state.iter_num`` is the kernel's passes for a certified row, and ``maxiter`` plus
-  the fallback's passes for a row the fallback solved (or a row too long for the
-  kernel): ``iter_num > maxiter`` says the row left the kernel.
+  ``run(init_params, x, k, l)`` returns ``OptStep(params=lam, state=RootState(...))``;
+  ``state.iter_num`` is the kernel's passes (0 for rows answered by the bracket).
 
   Example:
     >>> import jax.numpy as jnp
@@ -90,45 +160,56 @@ class PallasSolver(ThresholdRootSolver):
     Array([1.  , 0.25, 0.75, 0.  ], dtype=float32)
   """
 
-  maxiter: int = 48
-  fallback_maxiter: int = 100
+  free_passes: int = bounded_newton.FREE_PASSES
   interpret: bool | None = None
-  num_warps: int | None = None
+  num_warps: int | None = pallas_threshold.DEFAULT_NUM_WARPS
+  block_elements: int | None = None
   name = "pallas"
 
   def __post_init__(self):
     super().__post_init__()
-    _validation.check_maxiter(self.maxiter)
-    _validation.check_maxiter(self.fallback_maxiter)
+    if (isinstance(self.free_passes, bool) or not isinstance(self.free_passes, int)
+        or self.free_passes < 0):
+      raise ValueError(f"`free_passes` must be an int >= 0; got {self.free_passes!r}.")
+    for field in ("num_warps", "block_elements"):
+      value = getattr(self, field)
+      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                or value < 1 or value & (value - 1)):
+        raise ValueError(f"`{field}` must be None or a power of two >= 1; got {value!r}.")
+    if self.interpret not in (None, True, False):
+      raise ValueError(f"`interpret` must be None, True or False; got {self.interpret!r}.")
     pallas_threshold.check_available()
 
-  def _fallback(self) -> ThresholdSolver:
-    return ThresholdSolver(problem=self.problem, maxiter=self.fallback_maxiter)
+  def _fits(self, x) -> bool:
+    return pallas_threshold.fits(x.shape[-1]) and x.size > 0
 
   def _solve(self, init, x, k, l):
     dtype, batch, n = x.dtype, x.shape[:-1], x.shape[-1]
     acc = pallas_threshold.accumulation_dtype(dtype)
     xa, ka, la = x.astype(acc), k.astype(acc), l.astype(acc)
     init_a = None if init is None else init.astype(acc)
-    fallback = self._fallback()
-    if not pallas_threshold.fits(n) or x.size == 0:
-      lam, iter_num = fallback._solve(init_a, xa, ka, la)  # pylint: disable=protected-access
-      return lam.astype(dtype), iter_num + self.maxiter
+    if not self._fits(x):  # decided by the shape, never by the data
+      lam, iter_num = ThresholdSolver(problem=self.problem)._solve(init_a, xa, ka, la)  # pylint: disable=protected-access
+      return lam.astype(dtype), iter_num
     flat = lambda v: None if v is None else v.reshape(-1)
-    lam, iter_num, certified = pallas_threshold.threshold_rows(
+    lam, iter_num, _ = pallas_threshold.threshold_rows(
         self.problem, x.reshape(-1, n), flat(ka), flat(la), flat(init_a),
-        maxiter=self.maxiter, interpret=self.interpret, num_warps=self.num_warps)
-    lam, iter_num, certified = (v.reshape(batch) for v in (lam, iter_num, certified))
+        free_passes=self.free_passes, interpret=self.interpret, num_warps=self.num_warps)
+    return lam.reshape(batch).astype(dtype), iter_num.reshape(batch)
 
-    def solve_again(start):
-      again, passes = fallback._solve(start, xa, ka, la)  # pylint: disable=protected-access
-      return again, passes
-
-    def keep(start):
-      return start, jnp.zeros_like(iter_num)
-
-    # The kernel's last iterate lies in the bracket (finite); the fallback clips it there.
-    again, passes = jax.lax.cond(jnp.any(~certified), solve_again, keep, lam)
-    lam = jnp.where(certified, lam, again)
-    iter_num = jnp.where(certified, iter_num, self.maxiter + passes)
-    return lam.astype(dtype), iter_num
+  def solve_and_map(self, x, k, l):
+    """The output and the diagnostics from one kernel call, which also normalizes the
+    rows (as ``problem.normalize``) and writes the output; derivatives by
+    :func:`implicit_tangent`. Rows too long for the kernel, ``implicit_diff=False``
+    and ``implicit_diff_backend="jaxopt"`` take the base class's path."""
+    if not self.implicit_diff or self.implicit_diff_backend != "lax" or not self._fits(x):
+      return super().solve_and_map(x, k, l)
+    x, k, l = self._per_row(x, k, l)
+    dtype, batch, n = x.dtype, x.shape[:-1], x.shape[-1]
+    acc = pallas_threshold.accumulation_dtype(dtype)
+    y, _, _, passes, residual = _fused_operator(self)(
+        x.reshape(-1, n).astype(acc), k.reshape(-1).astype(acc), l.reshape(-1).astype(acc))
+    state = RootState(
+        iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32).reshape(batch),
+        residual=jax.lax.stop_gradient(residual).astype(dtype).reshape(batch))
+    return y.reshape(x.shape).astype(dtype), state

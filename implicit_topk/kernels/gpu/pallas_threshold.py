@@ -1,43 +1,51 @@
-r"""Fused Pallas kernel for the threshold of a row-wise threshold problem.
+r"""Fused Pallas kernel: the threshold of a row-wise threshold problem and its output.
 
 One Pallas program per block of rows holds the whole rows in registers (or on-chip
-memory) and finds, for each row, the root :math:`\lambda` of the problem's continuous,
+memory), finds for each row the root :math:`\lambda` of the problem's continuous,
 nonincreasing optimality function, e.g. for the soft top-k mask of Sander et al.
 2023 ("Fast, differentiable and sparse top-k: a convex analysis perspective", ICML)
 
 .. math::
 
-    \phi(\lambda) = \sum_i \mathrm{mask}\big((x_i - \lambda) / l\big) - k .
+    \phi(\lambda) = \sum_i \mathrm{mask}\big((x_i - \lambda) / l\big) - k ,
 
-The iteration is the one of the pure-JAX threshold solver
-(:func:`implicit_topk.solvers.threshold.safeguarded_newton_step`): start from the
-problem's sort-free bracket and initial guess, take the Newton (or Schroeder) step
-when it stays inside the bracket, else bisect, at most ``maxiter`` times. A row is
-*certified* when that iteration stopped by one of its own rules (``phi == 0``, a
-bracket collapsed to a few ulps of ``lam``, or a step of a few ulps with the
-residual at rounding level; ``proofs/pallas_certificate.md``); the kernel returns
-the finished threshold (the problem's ``snap``, the bracket's known rows), the
-passes made and the certificate per row. The caller solves the rows that are not
-certified by the general solver (:class:`implicit_topk.solvers.PallasSolver`).
+and writes the operator's output :math:`y_i = \mathrm{mask}((x_i - \lambda)/l)` (for
+the magnitude operator :math:`\mathrm{sign}(x_i)\min(|x_i|, t_i + g(t_i/l))`), the
+threshold, the row's normalization origin, the passes made, a certificate flag and the
+residual :math:`|\hat\phi(\lambda)|`: one read of ``x`` and one write of ``y``.
 
-The kernel body is the problem's own ``jax.numpy`` code (bracket, initial guess,
-optimality and its derivatives by ``jax.jvp``), so one kernel serves every
-regularizer and the magnitude operator. It uses only the portable subset of Pallas
-(whole blocks loaded by ref indexing, elementwise ops, row reductions, ``while_loop``,
-``pl.program_id`` through the block index maps) and is lowered
+The iteration is the bounded safeguarded Newton of
+:mod:`implicit_topk.kernels.gpu.bounded_newton`: the threshold solver's step for the
+first ``free_passes`` passes, then an ordered-bit-pattern bisection every other pass.
+Every row stops by one of its rules within
+:func:`~implicit_topk.kernels.gpu.bounded_newton.pass_cap` passes
+(``proofs/pallas_bounded_iteration.md``, Proposition 16), so nothing outside the kernel
+checks or repeats a row: no data-dependent ``cond`` or ``while`` at the XLA level (on
+XLA:GPU each of those copies a predicate to the host). The loop inside the kernel runs
+while a row of the block is pending, at most the cap.
+
+The kernel body is the problem's own ``jax.numpy`` code (normalization, bracket,
+initial guess, optimality and its derivatives by ``jax.jvp``, ``snap``, output map), so
+one kernel serves every regularizer of the mask and the magnitude operator. It uses
+only the portable subset of Pallas (whole blocks loaded by ref indexing, elementwise
+ops, row reductions, bit casts, a ``while_loop``) and is lowered
 
 * on CUDA and ROCm through Triton (``jax.experimental.pallas.triton.CompilerParams``
-  are passed explicitly: jax 0.10 would otherwise pick Mosaic GPU, which cannot lower
-  these row reductions; jax 0.11 lowers ``pallas_call`` through Triton and warns that
-  Pallas' Triton backend is deprecated);
+  are passed explicitly; Mosaic GPU, jax 0.11's default, is not used: it cannot be
+  lowered or tested on a machine without a Hopper GPU, and these row reductions and
+  bit casts have not been checked there); the custom call target is
+  :data:`TRITON_TARGET`, which :func:`implicit_topk.export_safety_checks` names;
 * on every other backend (CPU, TPU) in Pallas interpret mode: the same kernel body run
   as ordinary XLA operations (correct, and slow: meant for tests).
 
 Shapes: ``x`` is ``(batch, n)`` with ``n <= MAX_ROW_LENGTH``; the row is padded to a
 power of two with the problem's ``excluded_value`` (never selected, output exactly
 0, so the threshold does not change) and the batch to a multiple of the block of
-rows. Accumulation is in float32 for float32, bfloat16 and float16 inputs and in
-float64 for float64 inputs.
+rows (no copy when ``n`` is a power of two and the batch a multiple of the block).
+Blocks hold about ``_GPU_BLOCK_ELEMENTS`` (512) entries: 512 beat 2048 at every
+measured cell on an H100, and ``num_warps=8`` beat Triton's default (4) everywhere.
+Accumulation is in float32 for float32, bfloat16 and float16 inputs and in float64
+for float64 inputs.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from implicit_topk.kernels.gpu import bounded_newton
 from implicit_topk.problems import layout as _layout
 from implicit_topk.solvers import threshold as _threshold
 
@@ -56,9 +65,14 @@ from implicit_topk.solvers import threshold as _threshold
 #: one row live in one program's registers or on-chip memory.
 MAX_ROW_LENGTH = 4096
 #: Target entries per program on a GPU: rows per block = this / padded row length,
-#: clipped to [1, _GPU_MAX_BLOCK_ROWS] (a tuning knob until GPU timings exist).
-_GPU_BLOCK_ELEMENTS = 2048
+#: clipped to [1, _GPU_MAX_BLOCK_ROWS] (H100, jax 0.11.2: 512 beat 2048 at 16384 x 64
+#: and 16384 x 256; ../shared/gpu-h100/diag.jsonl).
+_GPU_BLOCK_ELEMENTS = 512
 _GPU_MAX_BLOCK_ROWS = 128
+#: Triton warps per program (8 beat the default 4 at every measured cell).
+DEFAULT_NUM_WARPS = 8
+#: The custom call target of Pallas' Triton lowering.
+TRITON_TARGET = "__gpu$xla.gpu.triton"
 #: In interpret mode one program takes up to this many entries (the batch in a few
 #: programs: the grid becomes a sequential loop there).
 _INTERPRET_BLOCK_ELEMENTS = 1 << 20
@@ -116,9 +130,16 @@ def fits(n: int) -> bool:
   return 1 <= n <= MAX_ROW_LENGTH
 
 
-def block_rows(batch: int, n_padded: int, *, interpret: bool) -> int:
-  """Rows per program: a power of two, at most the batch rounded up to one."""
-  budget = _INTERPRET_BLOCK_ELEMENTS if interpret else _GPU_BLOCK_ELEMENTS
+def block_rows(batch: int, n_padded: int, *, interpret: bool,
+               block_elements: int | None = None) -> int:
+  """Rows per program: a power of two, at most the batch rounded up to one.
+
+  ``block_elements`` (GPU only; default ``_GPU_BLOCK_ELEMENTS``): the target entries
+  per program."""
+  if interpret:
+    budget = _INTERPRET_BLOCK_ELEMENTS
+  else:
+    budget = _GPU_BLOCK_ELEMENTS if block_elements is None else int(block_elements)
   rows = max(1, budget // n_padded)
   if not interpret:
     rows = min(rows, _GPU_MAX_BLOCK_ROWS)
@@ -126,45 +147,94 @@ def block_rows(batch: int, n_padded: int, *, interpret: bool) -> int:
   return 1 << (rows.bit_length() - 1)  # round down to a power of two
 
 
-def solve_block(problem, x, k, l, init, *, maxiter: int):
-  """The work of one program on a block of rows (plain ``jax.numpy``).
+def normalization_origin(problem, x, l):
+  """The per-row origin that ``problem.normalize`` subtracts (0 for problems without
+  a shift, e.g. the magnitude operator), so that ``problem.shift(x, origin)`` is
+  ``problem.normalize(x, l)``: the row's largest finite entry where its magnitude
+  exceeds ``l / sqrt(eps)``, else 0 (:meth:`CappedSimplex.normalize`; a test checks
+  the two agree bit for bit)."""
+  if not hasattr(problem, "shift"):
+    return jnp.zeros(x.shape[:-1], x.dtype)
+  top = jnp.max(jnp.where(jnp.isfinite(x), x, -jnp.inf), axis=-1)
+  far = jnp.abs(top) * np.sqrt(np.finfo(x.dtype).eps) > l
+  return jnp.where(jnp.isfinite(top) & far, top, jnp.zeros_like(top))
 
-  ``x`` is ``(rows, n)``, ``k``, ``l`` and ``init`` (or ``None``) are ``(rows,)``, all in
-  the accumulation dtype. Bracket and start from the problem, at most ``maxiter``
-  safeguarded Newton/bisection passes (a row stops by the iteration's own rules),
-  then the problem's ``snap`` and the bracket's known rows. Returns ``(lam,
-  iter_num, certified)``.
+
+def normalized(problem, x, origin):
+  """``x`` in the coordinates the threshold is solved in (``x`` itself without a shift)."""
+  return problem.shift(x, origin) if hasattr(problem, "shift") else x
+
+
+def solve_block(problem, x, k, l, init, *, free_passes: int = bounded_newton.FREE_PASSES):
+  """The iteration of one program on a block of rows (plain ``jax.numpy``).
+
+  ``x`` is ``(rows, n)`` (already normalized), ``k``, ``l`` and ``init`` (or ``None``)
+  are ``(rows,)``, all in the accumulation dtype. Bracket and start from the problem,
+  then passes of :func:`bounded_newton.bounded_step` while a row is pending, at most
+  :func:`bounded_newton.pass_cap` (a row stops by its own rules before: Proposition 16),
+  then the problem's ``snap`` and the bracket's known rows. Returns ``(lam, iter_num,
+  certified)``; ``certified`` (stopped by a rule or answered by the bracket) holds for
+  every row by construction and is returned for the tests.
   """
   problem = problem.with_layout(_BLOCK_ROWS)
   tols = _threshold.tolerances(x.dtype)
+  cap = bounded_newton.pass_cap(x.dtype, free_passes)
   carry, bracket = _threshold._init_carry(problem, init, x, k, l)  # pylint: disable=protected-access
+  derivatives = _threshold._derivatives(problem, x, k, l)  # pylint: disable=protected-access
 
   def cond(carry):
     *_, done, iter_num = carry
-    pending = jnp.where(~done & (iter_num < maxiter), 1, 0)
+    pending = jnp.where(~done & (iter_num < cap), 1, 0)
     return jnp.sum(pending) > 0  # no boolean `any` reduction (Triton)
 
   def body(carry):
-    return _threshold._newton_step(problem, tols, x, k, l, carry)  # pylint: disable=protected-access
+    return bounded_newton.bounded_step(
+        derivatives, carry, tols=tols, step_scale=lambda lam: problem.step_scale(lam, l),
+        residual_scale=lambda lam: problem.residual_scale(lam, k),
+        geometric=problem.geometric, free_passes=free_passes)
 
   lam, _, _, _, done, iter_num = jax.lax.while_loop(cond, body, carry)
   lam = _threshold._finish(problem, lam, x, k, l, bracket)  # pylint: disable=protected-access
   return lam, iter_num, done
 
 
-def _kernel(problem, maxiter, warm, *refs):
-  """The program of one block of rows: load, :func:`solve_block`, store."""
+def fused_block(problem, x, k, l, init, *, free_passes: int, write_output: bool):
+  """All the work of one program: normalize, solve, finish, residual, output.
+
+  Returns ``(y, lam, origin, iter_num, certified, residual)`` with ``lam`` relative to
+  the normalized rows ``problem.shift(x, origin)``; ``y`` is ``None`` unless
+  ``write_output``.
+  """
+  origin = normalization_origin(problem, x, l)
+  xn = normalized(problem, x, origin)
+  if init is not None:
+    init = init - origin
+  lam, iter_num, certified = solve_block(problem, xn, k, l, init, free_passes=free_passes)
+  block = problem.with_layout(_BLOCK_ROWS)
+  residual = jnp.abs(block.optimality(lam, xn, k, l))
+  y = block.primal(lam, xn, l) if write_output else None
+  return y, lam, origin, iter_num, certified, residual
+
+
+def _kernel(problem, free_passes, warm, write_output, *refs):
+  """The program of one block of rows: load, :func:`fused_block`, store."""
   x_ref, k_ref, l_ref, *refs = refs
   init_ref = refs.pop(0) if warm else None
-  lam_ref, iter_ref, certified_ref = refs
+  y_ref = refs.pop(0) if write_output else None
+  lam_ref, origin_ref, iter_ref, certified_ref, residual_ref = refs
   dtype = lam_ref.dtype
   load = lambda ref: ref[...].astype(dtype)
-  lam, iter_num, certified = solve_block(
+  y, lam, origin, iter_num, certified, residual = fused_block(
       problem, load(x_ref), load(k_ref), load(l_ref),
-      None if init_ref is None else load(init_ref), maxiter=maxiter)
+      None if init_ref is None else load(init_ref), free_passes=free_passes,
+      write_output=write_output)
+  if write_output:
+    y_ref[...] = y.astype(y_ref.dtype)
   lam_ref[...] = lam
+  origin_ref[...] = origin
   iter_ref[...] = iter_num
   certified_ref[...] = certified.astype(jnp.int32)
+  residual_ref[...] = residual
 
 
 def _varying_axes(value) -> frozenset:
@@ -182,21 +252,22 @@ def _varying_axes(value) -> frozenset:
     return frozenset()
 
 
-def _row_struct(size, dtype, like):
-  """``ShapeDtypeStruct((size,), dtype)`` varying over the mesh axes ``like`` varies
+def _struct(shape, dtype, like):
+  """``ShapeDtypeStruct(shape, dtype)`` varying over the mesh axes ``like`` varies
   over (required of ``pallas_call`` outputs inside ``shard_map(check_vma=True)``)."""
   aval = jax.typeof(like)
   for field in ("manual_axis_type", "vma"):  # jax 0.10 and later; earlier versions
     value = getattr(aval, field, None)
     if value is not None:
       try:
-        return jax.ShapeDtypeStruct((size,), dtype, **{field: value})
+        return jax.ShapeDtypeStruct(shape, dtype, **{field: value})
       except TypeError:
         pass
-  return jax.ShapeDtypeStruct((size,), dtype)
+  return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _call(problem, x, k, l, init, *, maxiter, interpret, num_warps):
+def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_elements,
+          write_output):
   """One ``pallas_call`` over the padded ``(batch, n)`` array."""
   pl, triton_params = _pallas()
   batch, n = x.shape
@@ -205,9 +276,11 @@ def _call(problem, x, k, l, init, *, maxiter, interpret, num_warps):
     # Pallas' interpreter evaluates the kernel's jaxpr, traced without mesh axes, on
     # values that vary over them, which shard_map(check_vma=True) refuses (jax 0.10,
     # 0.11): run the same block function on the whole batch as one block instead.
-    return solve_block(problem, x.astype(dtype), k, l, init, maxiter=maxiter)
+    y, *rest = fused_block(problem, x.astype(dtype), k, l, init, free_passes=free_passes,
+                           write_output=write_output)
+    return (None if y is None else y.astype(x.dtype), *rest)
   n_pad = padded_length(n)
-  rows = block_rows(batch, n_pad, interpret=interpret)
+  rows = block_rows(batch, n_pad, interpret=interpret, block_elements=block_elements)
   batch_pad = -(-batch // rows) * rows
   excluded = jnp.asarray(problem.excluded_value, x.dtype)
   if n_pad != n or batch_pad != batch:
@@ -218,48 +291,65 @@ def _call(problem, x, k, l, init, *, maxiter, interpret, num_warps):
   if init is not None:
     args.append(pad_rows(init, 0))
   row_spec = pl.BlockSpec(block_shape=(rows,), index_map=lambda i: (i,))
-  in_specs = [pl.BlockSpec(block_shape=(rows, n_pad), index_map=lambda i: (i, 0))]
-  in_specs += [row_spec] * (len(args) - 1)
+  full_spec = pl.BlockSpec(block_shape=(rows, n_pad), index_map=lambda i: (i, 0))
+  in_specs = [full_spec] + [row_spec] * (len(args) - 1)
   # Under shard_map the outputs vary over the mesh axes the inputs vary over.
   like = sum(jnp.zeros_like(v, dtype) if v.ndim == 1 else jnp.zeros_like(v[:, 0], dtype)
              for v in args)
-  out_shape = (_row_struct(batch_pad, dtype, like), _row_struct(batch_pad, jnp.int32, like),
-               _row_struct(batch_pad, jnp.int32, like))
-  kernel = functools.partial(_kernel, problem, maxiter, init is not None)
-  lam, iter_num, certified = pl.pallas_call(
-      kernel, out_shape=out_shape, grid=(batch_pad // rows,), in_specs=in_specs,
-      out_specs=(row_spec, row_spec, row_spec), interpret=interpret,
+  per_row = [_struct((batch_pad,), dtype, like), _struct((batch_pad,), dtype, like),
+             _struct((batch_pad,), jnp.int32, like), _struct((batch_pad,), jnp.int32, like),
+             _struct((batch_pad,), dtype, like)]
+  out_shape = ([_struct((batch_pad, n_pad), x.dtype, like)] if write_output else []) + per_row
+  out_specs = ([full_spec] if write_output else []) + [row_spec] * len(per_row)
+  kernel = functools.partial(_kernel, problem, free_passes, init is not None, write_output)
+  outs = pl.pallas_call(
+      kernel, out_shape=tuple(out_shape), grid=(batch_pad // rows,), in_specs=in_specs,
+      out_specs=tuple(out_specs), interpret=interpret,
       compiler_params=None if interpret else triton_params(num_warps=num_warps, num_stages=1),
       name="implicit_topk_threshold")(*args)
-  return lam[:batch], iter_num[:batch], certified[:batch] != 0
+  y = outs[0][:batch, :n] if write_output else None
+  lam, origin, iter_num, certified, residual = (v[:batch] for v in outs[-5:])
+  return y, lam, origin, iter_num, certified != 0, residual
 
 
-def threshold_rows(problem, x, k, l, init=None, *, maxiter: int, interpret: bool | None = None,
-                   num_warps: int | None = None):
-  """Thresholds of the rows of ``x`` by the fused kernel.
+def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
+               interpret: bool | None = None, num_warps: int | None = DEFAULT_NUM_WARPS,
+               block_elements: int | None = None, write_output: bool = True):
+  r"""The operator's output and thresholds of the rows of ``x`` by the fused kernel.
 
   Args:
     problem: a threshold problem on the last-axis layout
       (:class:`~implicit_topk.problems.CappedSimplex`,
       :class:`~implicit_topk.problems.Magnitude`).
-    x: ``(batch, n)`` float array, ``1 <= n <= MAX_ROW_LENGTH``.
+    x: ``(batch, n)`` float array, ``1 <= n <= MAX_ROW_LENGTH`` (not normalized: the
+      kernel normalizes as ``problem.normalize``).
     k, l: ``(batch,)`` per-row target sums and strengths.
-    init: ``(batch,)`` starting thresholds, or ``None`` (the problem's guess).
-    maxiter: cap on the Newton/bisection passes in the kernel, an int >= 1.
+    init: ``(batch,)`` starting thresholds (in the coordinates of ``x``), or ``None``
+      (the problem's guess).
+    free_passes: unconstrained Newton passes before the forced ordered bisections
+      (:mod:`~implicit_topk.kernels.gpu.bounded_newton`), an int >= 0.
     interpret: ``None`` (default): the Triton kernel when lowered for CUDA or ROCm,
       interpret mode for any other platform (chosen per platform at lowering, so a
       function exported for several platforms gets each); ``True``/``False`` force it.
-    num_warps: Triton warps per program (``None``: Triton's default).
+    num_warps: Triton warps per program (default 8; ``None``: Triton's default).
+    block_elements: target entries per program on a GPU (default 512).
+    write_output: whether the kernel writes the operator's output.
 
   Returns:
-    ``(lam, iter_num, certified)``, each ``(batch,)``: the finished thresholds in the
-    accumulation dtype (:func:`accumulation_dtype`), int32 passes made, and bool
-    certificates. Rows not certified hold the kernel's last iterate.
+    ``(y, lam, origin, iter_num, certified, residual)``: the output ``(batch, n)`` in
+    the dtype of ``x`` (``None`` without ``write_output``); per row, in the
+    accumulation dtype (:func:`accumulation_dtype`), the threshold of the normalized
+    row ``problem.shift(x, origin)``, the normalization origin, the int32 passes, the
+    bool certificate (true for every row: Proposition 16) and
+    :math:`|\hat\phi(\lambda)|`.
   """
   if x.ndim != 2 or not fits(x.shape[1]):
     raise ValueError(f"the Pallas threshold kernel takes (batch, n) rows with 1 <= n <= "
                      f"{MAX_ROW_LENGTH}; got shape {x.shape}.")
-  call = functools.partial(_call, problem, maxiter=maxiter, num_warps=num_warps)
+  if int(free_passes) != free_passes or free_passes < 0:
+    raise ValueError(f"`free_passes` must be an int >= 0; got {free_passes!r}.")
+  call = functools.partial(_call, problem, free_passes=int(free_passes), num_warps=num_warps,
+                           block_elements=block_elements, write_output=write_output)
   dtype = accumulation_dtype(x.dtype)
   k, l = jnp.asarray(k, dtype), jnp.asarray(l, dtype)
   init = None if init is None else jnp.asarray(init, dtype)
@@ -270,3 +360,14 @@ def threshold_rows(problem, x, k, l, init=None, *, maxiter: int, interpret: bool
       cuda=functools.partial(call, interpret=False),
       rocm=functools.partial(call, interpret=False),
       default=functools.partial(call, interpret=True))
+
+
+def threshold_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
+                   interpret: bool | None = None, num_warps: int | None = DEFAULT_NUM_WARPS):
+  """Thresholds of the rows of ``x`` (in the coordinates of ``x``) by the fused kernel,
+  without the output: ``(lam, iter_num, certified)``, each ``(batch,)``. Arguments as
+  in :func:`fused_rows`."""
+  _, lam, origin, iter_num, certified, _ = fused_rows(
+      problem, x, k, l, init, free_passes=free_passes, interpret=interpret,
+      num_warps=num_warps, write_output=False)
+  return lam + origin, iter_num, certified

@@ -1,0 +1,118 @@
+r"""Safeguarded Newton on a threshold equation, certified within a fixed number of passes.
+
+The fused GPU kernel (:mod:`implicit_topk.kernels.gpu.pallas_threshold`) must finish every
+row inside the kernel: a fallback outside it would be a data-dependent ``lax.cond`` at the
+XLA level, which on XLA:GPU copies its predicate to the host and blocks. This module is
+the iteration that makes that possible (``proofs/pallas_bounded_iteration.md``,
+Proposition 16).
+
+For a continuous, nonincreasing :math:`\phi` with a bracket :math:`[lo, hi]` of finite
+floats (:math:`\hat\phi(lo) \ge 0 \ge \hat\phi(hi)` up to rounding), each *pass*
+evaluates :math:`\hat\phi, \hat\phi', \hat\phi''` at the iterate :math:`\lambda`, moves
+``lo`` (``hi``) to :math:`\lambda` where :math:`\hat\phi > 0` (:math:`< 0`), and picks
+the next iterate:
+
+* passes ``0 .. free_passes - 1``: exactly the step of the pure-JAX threshold solver
+  (:func:`implicit_topk.solvers.threshold.safeguarded_newton_step`): a Newton (or
+  Schroeder) point strictly inside the bracket and at most half the previous step, else
+  a bisection point;
+* from pass ``free_passes`` on, every other pass (``(t - free_passes)`` even) takes the
+  *ordered midpoint* of the bracket whatever Newton proposes: the float whose ordered
+  bit pattern (the monotone integer key of :func:`ordered_key`) is the floor-average of
+  the keys of ``lo`` and ``hi``.
+
+Rows stop by the threshold solver's rules (R1 :math:`\hat\phi = 0`, R2 a bracket of a
+few ulps, R3 a Newton step of a few ulps with a residual at rounding level) and by
+
+* **R4**: no float lies strictly between ``lo`` and ``hi`` (key width at most 1).
+
+The keys of the finite floats of ``b`` bits span fewer than :math:`2^b` integers, and an
+evaluation at the ordered midpoint leaves at most :math:`\lceil W/2\rceil` of a key width
+:math:`W`; so after ``free_passes`` passes, ``2 b`` more passes reach R4 at the latest:
+every row that is not answered by its bracket stops within :func:`pass_cap` passes
+(``free_passes + 64`` for float32, ``free_passes + 128`` for float64), by construction,
+with :math:`\lambda` within one ulp of the rounding band of the root under R4 and the
+guarantees of ``proofs/pallas_certificate.md`` under R1-R3.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from implicit_topk.problems.base import midpoint
+from implicit_topk.solvers import threshold as _threshold
+
+#: Passes of the unconstrained safeguarded Newton iteration before the forced ordered
+#: bisections start (rows of normal scores stop after 3 to 12; the H100 measurement
+#: saw 16-26 at most per block with the old start).
+FREE_PASSES = 16
+
+
+def key_bits(dtype) -> int:
+  """Bits of the ordered keys of ``dtype`` (its width: 32 for float32, 64 for float64)."""
+  return 8 * np.dtype(dtype).itemsize
+
+
+def pass_cap(dtype, free_passes: int = FREE_PASSES) -> int:
+  """The most passes a row can make: ``free_passes + 2 * key_bits(dtype)``."""
+  return int(free_passes) + 2 * key_bits(dtype)
+
+
+def ordered_key(v):
+  """The monotone integer key of finite floats: ``sign * (bits without the sign)``
+  (-0 and +0 both map to 0); ``a < b`` iff ``key(a) < key(b)``."""
+  itype = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[jnp.dtype(v.dtype).itemsize]
+  bits = jax.lax.bitcast_convert_type(v, itype)
+  return jnp.where(bits < 0, -(bits & jnp.iinfo(itype).max), bits)
+
+
+def exhausted(lo, hi):
+  """R4: no float strictly between ``lo <= hi`` (their keys differ by at most 1).
+
+  Read off the ordered midpoint: it equals an end exactly when the key width is at most
+  1 (no integer difference is formed, so nothing overflows)."""
+  middle = _threshold.ordered_midpoint(lo, hi)
+  return (middle == lo) | (middle == hi)
+
+
+def bounded_step(derivatives, carry, *, tols, step_scale, residual_scale, geometric,
+                 free_passes: int):
+  """One pass of the bounded iteration; ``carry = (lam, lo, hi, prev_step, done, iter_num)``.
+
+  ``derivatives(lam) -> (phi, phi', phi'')`` per row. Rows already ``done`` stay put.
+  Up to pass ``free_passes`` this is :func:`implicit_topk.solvers.threshold.
+  safeguarded_newton_step` (with R4 as one more stopping rule); after it, every other
+  pass bisects the bracket's ordered bit patterns.
+  """
+  step_tol, phi_tol = tols
+  lam, lo, hi, prev_step, done, iter_num = carry
+  phi, dphi, d2phi = derivatives(lam)
+  lo = jnp.where(phi > 0, lam, lo)
+  hi = jnp.where(phi < 0, lam, hi)
+  newton_step = phi / jnp.where(dphi < 0, dphi, -1)
+  denominator = dphi * dphi - phi * d2phi
+  schroeder_step = phi * dphi / jnp.where(denominator > 0, denominator, 1)
+  longer = (denominator > 0) & (jnp.abs(schroeder_step) > jnp.abs(newton_step))
+  step = jnp.where(longer, schroeder_step, newton_step)
+  newton = lam - step
+  scale = step_scale(lam)
+  small_step = jnp.abs(step) <= step_tol * scale
+  accept = (dphi < 0) & small_step & (jnp.abs(phi) <= phi_tol * residual_scale(lam))
+  forced = (iter_num >= free_passes) & ((iter_num - free_passes) % 2 == 0)
+  use_newton = accept | ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
+                         & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)) & ~forced)
+  ordered = _threshold.ordered_midpoint(lo, hi)
+  middle = midpoint(lo, hi)
+  if geometric:
+    middle = jnp.where(iter_num % 2 == 0, _threshold._ordered_middle(lo, hi, middle), middle)  # pylint: disable=protected-access
+  middle = jnp.where(forced, ordered, middle)
+  candidate = jnp.where(use_newton, newton, middle)
+  no_float_inside = (ordered == lo) | (ordered == hi)  # R4, as in `exhausted`
+  converged = (phi == 0) | (hi - lo <= step_tol * scale) | accept | no_float_inside
+  new_lam = jnp.where(phi == 0, lam, candidate)
+  prev_step = jnp.where(done, prev_step, new_lam - lam)
+  lam = jnp.where(done, lam, new_lam)
+  iter_num = iter_num + jnp.where(done, 0, 1)
+  return lam, lo, hi, prev_step, done | converged, iter_num
