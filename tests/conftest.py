@@ -50,8 +50,8 @@ def _release_compiled_code():
 
 
 # The default run (README: `python -m pytest -q`) checks the default solvers. The numba
-# PAV kernels (solver="pav") are XLA custom calls compiled at `import implicit_topk` and
-# cached on disk, so a call costs no compilation; their thorough checks (long rows,
+# PAV kernels (solver="pav") are XLA custom calls compiled on their first use and cached
+# on disk (a cold cache: seconds per kernel); their thorough checks (long rows,
 # every p, sweeps against references) are in the slow group, which CI runs too: the
 # tests whose node id names "pav" (other than "pav_jax"), and those listed here.
 _USES_PAV = (
