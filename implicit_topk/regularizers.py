@@ -30,6 +30,13 @@ A regularizer is one small object with (the :class:`Regularizer` protocol):
   every :math:`y_i \ge k/n`, at :math:`\max_i x_i - l\,\omega'(k/n)` every
   :math:`y_i \le k/n`;
 * ``omega(y)``: the regularizer itself (objective values, Fenchel-Young losses);
+* ``complement(z)`` (optional): :math:`1 - \mathrm{mask}(z)` computed without
+  cancellation (the sigmoid and Laplace masks, symmetric: ``mask(-z)``). Where it is
+  given, the threshold solvers evaluate :math:`\phi` in complement form,
+  :math:`\phi = (\#\{z_i > 0\} - k) + \sum_{z_i \le 0} \mathrm{mask}(z_i)
+  - \sum_{z_i > 0} \mathrm{complement}(z_i)`, which resolves the threshold of
+  near-binary rows (gaps of hundreds of strengths) to the ulp
+  (``proofs/complement_form.md``);
 * ``link(z)`` (optional): the unclipped :math:`g` on the whole real line, for
   permutahedra of a general ``w`` (soft sort and rank, :mod:`implicit_topk.permutahedron`);
 * ``pav_kind`` (optional): which block solver of the exact ``"pav"`` solver
@@ -273,7 +280,14 @@ class BinaryEntropy:
   pav_kind = ("link", "sigmoid")
 
   def mask(self, z):
-    return jax.nn.sigmoid(z)
+    # Above 0 as 1 - sigmoid(-z): the same value, and a derivative sigmoid(-z)(1 -
+    # sigmoid(-z)) that keeps the tail e^-z (jax's sigmoid'(z) = s (1 - s) is 0 once
+    # s rounds to 1, z > 37 in float64), so near-binary rows keep their derivatives.
+    return jnp.where(z > 0, 1 - jax.nn.sigmoid(-z), jax.nn.sigmoid(z))
+
+  def complement(self, z):
+    """``1 - mask(z) = sigmoid(-z)``, accurate in its tail (``proofs/complement_form.md``)."""
+    return jax.nn.sigmoid(-z)
 
   def omega_prime(self, t):
     # logit(t) = log t - log(1 - t): 1 - t is exact for t >= 1/2 and within eps/2 below,
@@ -314,6 +328,11 @@ class Laplace:
     lower = 0.5 * _safe_exp_below(z, 0.0)
     upper = 1.0 - 0.5 * jnp.exp(-jnp.maximum(z, 0.0))
     return jnp.where(z < 0, lower, upper)
+
+  def complement(self, z):
+    """``1 - mask(z) = mask(-z)`` (the Laplace CDF is symmetric), accurate in its tail
+    (``proofs/complement_form.md``)."""
+    return self.mask(-z)
 
   def omega_prime(self, t):
     below = t < 0.5

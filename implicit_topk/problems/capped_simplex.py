@@ -96,7 +96,9 @@ class CappedSimplex:
     return L.map(lambda v, t: jnp.where(jnp.isfinite(v), jnp.maximum(v - t, lowest), v),
                  x, L.expand(origin, x))
 
-  def _mask_entries(self, x, lam, l):
+  def _scaled_entries(self, x, lam, l):
+    """(z, nan): ``z = (x - lam) / l`` with the limits of the infinite entries and
+    thresholds and the saturation rules of :meth:`primal`; ``nan`` where the mask is NaN."""
     limit = jnp.isinf(x) | jnp.isinf(lam)
     z_limit = jnp.where(jnp.isinf(x), x, -lam)
     x_f, lam_f = jnp.where(limit, 0, x), jnp.where(limit, 0, lam)
@@ -120,7 +122,22 @@ class CappedSimplex:
       z = jnp.where(d <= l * z0, jnp.minimum(z, z0), z)
     z = jnp.where(limit, z_limit, z)
     nan = jnp.isnan(x) | jnp.isnan(lam)
-    return jnp.where(nan, jnp.nan, self.regularizer.mask(jnp.where(nan, 0, z)))
+    return jnp.where(nan, 0, z), nan
+
+  def _mask_entries(self, x, lam, l):
+    z, nan = self._scaled_entries(x, lam, l)
+    return jnp.where(nan, jnp.nan, self.regularizer.mask(z))
+
+  def _signed_entries(self, x, lam, l):
+    """The terms of phi in complement form: ``mask(z)`` where ``z <= 0``,
+    ``-complement(z) = mask(z) - 1`` where ``z > 0`` (NaN where the mask is)."""
+    z, nan = self._scaled_entries(x, lam, l)
+    reg = self.regularizer
+    value = jnp.where(z > 0, -reg.complement(z), reg.mask(z))
+    return jnp.where(nan, jnp.nan, value)
+
+  def _upper_entries(self, x, lam, l):
+    return self._scaled_entries(x, lam, l)[0] > 0
 
   def primal(self, lam, x, l):
     """The mask ``y_i = mask((x_i - lam) / l)``.
@@ -134,8 +151,28 @@ class CappedSimplex:
     return L.map(self._mask_entries, x, L.expand(lam, x), L.expand(l, x))
 
   def optimality(self, lam, x, k, l):
-    """phi(lam) = sum_i y_i(lam) - k, one entry per row."""
-    return self.layout.sum(self.primal(lam, x, l)) - k
+    r"""phi(lam) = sum_i y_i(lam) - k, one entry per row.
+
+    For a regularizer with a ``complement`` (sigmoid, Laplace) in complement form
+    (``proofs/complement_form.md``):
+
+    .. math::
+
+        \phi(\lambda) = (\#\{z_i > 0\} - k) + \sum_{z_i \le 0} \mathrm{mask}(z_i)
+                       - \sum_{z_i > 0} (1 - \mathrm{mask}(z_i)),
+
+    the same function, but every term is a tail computed to its own relative precision:
+    on near-binary rows (gaps of hundreds of strengths, the deficits ``1 - y_i`` far
+    below the rounding of ``sum_i y_i ~ k``) the plain sum is flat in floating point and
+    leaves the threshold, and with it every derivative, undetermined; this form
+    determines it to the ulp.
+    """
+    L = self.layout
+    if not hasattr(self.regularizer, "complement"):
+      return L.sum(self.primal(lam, x, l)) - k
+    lam_, l_ = L.expand(lam, x), L.expand(l, x)
+    upper = L.count(L.map(self._upper_entries, x, lam_, l_), L.dtype(x))
+    return (upper - k) + L.sum(L.map(self._signed_entries, x, lam_, l_))
 
   def step_scale(self, lam, l):
     # Relative to lam alone: after `normalize`, x_i - lam is exact for entries near

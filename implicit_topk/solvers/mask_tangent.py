@@ -55,8 +55,9 @@ def slopes(kind: int, a: float, x, lam, shift, l):
       live = live & (z < 0)
       d = jnp.exp(jnp.minimum(z, 0))
     elif kind == SIGMOID:
-      s = jax.nn.sigmoid(z)
-      d = s * (1 - s)
+      # sigmoid(|z|) sigmoid(-|z|): keeps the tail e^-|z| (s (1 - s) is 0 once s
+      # rounds to 1, which near-binary rows need; proofs/complement_form.md)
+      d = jax.nn.sigmoid(jnp.abs(z)) * jax.nn.sigmoid(-jnp.abs(z))
     elif kind == LAPLACE:
       d = 0.5 * jnp.exp(-jnp.abs(z))
     else:

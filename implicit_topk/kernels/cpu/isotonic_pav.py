@@ -221,6 +221,42 @@ def _block_eval(s, i0, i1, v, l, a, link=0):
     return G, dG
 
 
+@njit(cache=True)
+def _complement_eval(s, i0, i1, v, l, link, W):
+    """The block condition of the symmetric links (sigmoid, Laplace: ``1 - g(z) =
+    g(-z)``) in complement form (``proofs/complement_form.md``): ``(F, dG, size)`` with
+
+        F = sum_{i0<=i<i1} g((s_i - v)/l) - W
+          = (#{z_i > 0} - W) + sum_{z_i <= 0} g(z_i) - sum_{z_i > 0} g(-z_i),
+
+    every term a tail to its own relative precision (the plain sum is flat in floating
+    point once the deficits ``1 - g(z_i)`` are below the rounding of ``W``: near-binary
+    rows), ``dG`` as :func:`_block_eval`'s and ``size`` the sum of the terms'
+    magnitudes, the scale of F's rounding error."""
+    upper = 0
+    tails = 0.0
+    size = 0.0
+    dG = 0.0
+    inv_l = 1.0 / l
+    for i in range(i0, i1):
+        z = (s[i] - v) * inv_l
+        e = math.exp(-abs(z))
+        if link == 2:
+            tail = e / (1.0 + e)
+            dG += tail / (1.0 + e)
+        else:
+            tail = 0.5 * e
+            dG += tail
+        size += tail
+        if z > 0.0:
+            upper += 1
+            tails -= tail
+        else:
+            tails += tail
+    count = upper - W
+    return count + tails, dG * inv_l, size + abs(count)
+
+
 # ----------------------------------------------------------------------------
 # block solvers: solve(s, i0, i1, m, W, mean, M2, M3, l, a, lo, hi) -> v
 #   block = s[i0:i1], m = i1 - i0, W = sum of weights, mean/M2/M3 = centred
@@ -286,7 +322,8 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
 
     ``F(v) = G(v) - W (1 - slope + slope v)`` is strictly decreasing (``slope``
     0: the mask's block condition ``G = W``; 1: the magnitude's ``G = v W``);
-    the root lies in [lo, hi] (if rounding puts it marginally outside, the
+    the root lies in [lo, hi]; the sigmoid and Laplace mask conditions are evaluated
+    in complement form (:func:`_complement_eval`) (if rounding puts it marginally outside, the
     nearest bracket end is returned, which is within rounding of the root).
     Newton steps from ``v`` are taken while they stay inside the (shrinking)
     bracket and at least halve |F|; otherwise the bracket is bisected.  Stops
@@ -303,17 +340,22 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
     if not (lo < v < hi):
         v = 0.5 * (lo + hi)
     Fprev = np.inf
+    complement = link >= 2 and slope == 0.0  # sigmoid, Laplace: the complement form
     for _ in range(_MAXIT):
-        G, dG = _block_eval(s, i0, i1, v, l, a, link)
-        target = W * (1.0 - slope + slope * v)
-        F = G - target
+        if complement:
+            F, dG, size = _complement_eval(s, i0, i1, v, l, link, W)
+        else:
+            G, dG = _block_eval(s, i0, i1, v, l, a, link)
+            target = W * (1.0 - slope + slope * v)
+            F = G - target
+            size = abs(G) + abs(target) + m
         if F == 0.0:
             return v
         if F > 0.0:
             lo = v
         else:
             hi = v
-        at_rounding = abs(F) <= 16.0 * _EPS * (abs(G) + abs(target) + m)
+        at_rounding = abs(F) <= 16.0 * _EPS * size
         width = hi - lo
         if width <= 4.0 * _EPS * max(abs(lo), abs(hi)) or (width <= tol and at_rounding):
             return 0.5 * (lo + hi)

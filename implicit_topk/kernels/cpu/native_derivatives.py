@@ -19,7 +19,14 @@ and, transposed, for cotangents :math:`\bar y, \bar\lambda` and
 
 Where :math:`\sum_i d_i = 0` (a binary mask) :math:`\lambda` is locally constant in
 ``x`` and ``l`` and the derivative w.r.t. ``k`` is returned as 0, the convention of
-every solver here. A row without a threshold (NaN) has NaN derivatives. Both passes
+every solver here. A row without a threshold (NaN) has NaN derivatives. The slopes
+``mask'(z)`` of the dense masks are computed from their tails (the sigmoid's as
+``sigmoid(|z|) sigmoid(-|z|)``, not ``s (1 - s)``), so near-binary rows keep
+representable derivatives (``proofs/complement_form.md``).
+
+numba's disk cache is keyed on this file alone, not on the functions it inlines from
+:mod:`~implicit_topk.kernels.cpu.native_threshold`: a change to ``_mask_terms`` there
+needs a change here too (a stale cache would keep the old slopes). Both passes
 read each row once and write it once, in float64 whatever the input dtype; the
 pure-JAX solvers derive the same formulas by autodiff (the tests compare them).
 """

@@ -81,14 +81,26 @@ def _mask_terms(z, kind, a):
   if kind == SIGMOID:
     e = math.exp(-abs(z))
     s = 1.0 / (1.0 + e)  # sigmoid(|z|)
-    y = s if z >= 0.0 else 1.0 - s
-    d = s * (1.0 - s)
+    t = e * s  # sigmoid(-|z|), the tail: not 1 - s, which is 0 once s rounds to 1
+    y = s if z >= 0.0 else t
+    d = s * t
     return y, d, d * (1.0 - 2.0 * y)
   # LAPLACE: the Laplace CDF
   e = 0.5 * math.exp(-abs(z))
   if z >= 0.0:
     return 1.0 - e, e, -e
   return e, e, e
+
+
+@njit(inline="always", **_OPTIONS)
+def _tail(z, kind):
+  """The sigmoid or Laplace mask's tail at z: ``mask(z)`` for ``z <= 0``, ``1 - mask(z)
+  = mask(-z)`` for ``z > 0`` (both masks are symmetric), to its own relative
+  precision."""
+  e = math.exp(-abs(z))
+  if kind == SIGMOID:
+    return e / (1.0 + e)
+  return 0.5 * e
 
 
 @njit(**_OPTIONS)
@@ -126,12 +138,36 @@ def _phi(values, count, lam, l, target, kind, a):
       z = (values[i] - lam) * inv
       total += min(max(z, 0.0), 1.0)
       slope -= 1.0 if (z > 0.0) & (z < 1.0) else 0.0
-  else:
+  elif kind == SIGMOID or kind == LAPLACE:
+    # The complement form (proofs/complement_form.md): phi = (#{z > 0} - k)
+    # + sum_{z <= 0} mask(z) - sum_{z > 0} (1 - mask(z)), every term a tail to its own
+    # relative precision, so phi is not flat where the deficits 1 - y are far below
+    # the rounding of sum y ~ k (near-binary rows) and lam is found to the ulp.
+    upper, tails = 0, 0.0
     for i in range(count):
-      y, dy, d2y = _mask_terms(_scaled(values[i], lam, inv), kind, a)
-      total += y
+      z = _scaled(values[i], lam, inv)
+      y, dy, d2y = _mask_terms(z, kind, a)
+      tail = _tail(z, kind)
+      if z > 0.0:
+        upper += 1
+        tails -= tail
+      else:
+        tails += tail
       slope -= dy
       curve += d2y
+    total = (upper - target) + tails
+  else:
+    # entropy: the entries at z >= 0 are exactly 1; counted apart from the tails
+    ones, tails = 0, 0.0
+    for i in range(count):
+      y, dy, d2y = _mask_terms(_scaled(values[i], lam, inv), kind, a)
+      if y == 1.0:
+        ones += 1
+      else:
+        tails += y
+      slope -= dy
+      curve += d2y
+    total = (ones - target) + tails
   return total, slope * inv, curve * inv * inv
 
 
@@ -280,15 +316,17 @@ def _max_of_finite(row, n):
 
 @njit(**_OPTIONS)
 def _gather_above(row, n, cut, origin, out):
-  """Copies the entries ``v - origin`` of ``row`` that lie above ``cut`` (and below
-  +inf) into ``out`` (branch-free); returns their count. A finite difference beyond
+  """Copies the entries ``v - origin`` of ``row`` that lie above ``cut`` (finite
+  entries only) into ``out`` (branch-free); returns their count. A finite difference beyond
   the float range is clamped to the most negative float, as the problems'
   ``normalize`` does."""
   count = 0
   for i in range(n):
     v = max(row[i] - origin, _LOWEST)
     out[count] = v
-    count += (v > cut) & (v < np.inf)
+    # -inf entries (those outside `where=`) are no candidates: the clamp would make
+    # them the most negative float, counted in the dense rows' bracket k / count.
+    count += (v > cut) & (v < np.inf) & (row[i] > -np.inf)
   return count
 
 

@@ -7,7 +7,11 @@ fractional part ``f`` of ``k``): its isotonic dual is solved by the PAV loop of
 and Djolonga 2020, "Fast differentiable sorting and ranking", ICML), after an exact
 reduction to the window of entries that can be fractional.
 
-Pure numpy + numba (no jax).
+Pure numpy + numba (no jax). numba's disk cache is keyed on this file alone: the
+PAV loop and block solvers of :mod:`~implicit_topk.kernels.cpu.isotonic_pav` are compiled
+into these functions, so a change there needs a change here too (a stale cache keeps
+the old code). The sigmoid and Laplace blocks are solved in complement form
+(``proofs/complement_form.md``).
 """
 
 import math
