@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import Any
+
 import jax
+import jax.numpy as jnp
 
 from implicit_topk import _validation
 from implicit_topk import regularizers
+from implicit_topk.kernels.gpu import pallas_threshold, platform_select
 from implicit_topk.solvers.base import (CappedSimplexSolver, OptStep, RootState,
                                         ThresholdRootSolver)
 from implicit_topk.solvers.dykstra import DykstraSolver
@@ -19,6 +25,10 @@ SOLVERS = {"pav": PAVSolver, "threshold": ThresholdSolver, "dykstra": DykstraSol
 DIFF_MODES = ("implicit", "unrolled")
 # Solvers with iterations to unroll and the options each accepts.
 _ITERATIVE_OPTIONS = {"threshold": ("maxiter",), "dykstra": ("tol", "maxiter")}
+# Solvers whose kernels run on the CPU only (numba, called through the XLA FFI).
+_CPU_ONLY = ("native", "pav")
+# The platforms `auto` chooses for at lowering, and a backend name standing for each.
+_PLATFORM_BACKENDS = {"cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "other": "tpu"}
 
 
 def auto_solver_name(problem, *, size: int | None = None, backend: str | None = None,
@@ -30,16 +40,19 @@ def auto_solver_name(problem, *, size: int | None = None, backend: str | None = 
     built-in regularizer and for the top-k in magnitude (every ``p``) along an
     unsplit last axis (``benchmarks/results/cpu_matrix.md``,
     ``benchmarks/bench_magnitude.py``).
-  * GPU (CUDA, ROCm): ``"pallas"`` (one fused kernel per block of rows, certified per
-    row, the threshold solver for the rows it cannot certify) for rows of at most
-    ``kernels.gpu.pallas_threshold.MAX_ROW_LENGTH`` entries on an unsplit last axis.
+  * GPU (CUDA, ROCm): ``"pallas"`` (one fused kernel per block of rows, every row
+    certified inside the kernel within a proven number of passes: no host round trip)
+    for rows of at most ``kernels.gpu.pallas_threshold.MAX_ROW_LENGTH`` entries on an
+    unsplit last axis.
   * everywhere else, and where the reduced axis is split over devices (``sharded``:
     ``axis_name=`` or a sharding along it), for segment and tree problems and for
     user-defined regularizers: ``"threshold"`` (sort-free Newton, pure JAX, any
     backend).
 
   ``size`` is accepted for compatibility and does not change the choice;
-  ``row_length`` (the reduced axis' length) is needed for the GPU rule.
+  ``row_length`` (the reduced axis' length) is needed for the GPU rule. ``backend``
+  (default: the default backend) names the platform; :func:`make_solver` applies this
+  rule per platform when the function is lowered (:class:`PlatformSolver`).
   """
   del size
   backend = backend or jax.default_backend()
@@ -62,6 +75,161 @@ def _supported(problem, name: str) -> bool:
   except ValueError:
     return False
   return True
+
+
+def target_platform() -> str:
+  """The platform a call made here runs on: that of ``jax.default_device`` where one
+  is set (``jax.default_device(jax.devices("cpu")[0])`` on a GPU machine runs on the
+  CPU), else the default backend (``"cpu"``, ``"gpu"``, ``"tpu"``, ...)."""
+  device = jax.config.jax_default_device
+  if device is None:
+    return jax.default_backend()
+  if isinstance(device, str):
+    return device
+  return getattr(device, "platform", None) or jax.default_backend()
+
+
+def _check_runs_here(name: str) -> None:
+  """``ValueError`` for a CPU-only solver asked for where calls run on another backend."""
+  platform = target_platform()
+  if name in _CPU_ONLY and platform != "cpu":
+    raise ValueError(
+        f"solver={name!r} runs on the CPU only (a numba kernel called through the XLA "
+        f"FFI), and calls here run on {platform!r}. Solvers that run there: 'auto' "
+        "(the fused Pallas kernel on GPU where it applies, else 'threshold'), 'pallas', "
+        "'threshold' and 'dykstra' (p = 2). To run this solver on the CPU of this "
+        "machine, call it under jax.default_device(jax.devices('cpu')[0]).")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformSolver(ThresholdRootSolver):
+  r"""``solver="auto"``: one solver per platform, chosen when the function is lowered.
+
+  Holds the solver :func:`auto_solver_name` picks for each platform (``cpu``, ``cuda``,
+  ``rocm`` and every ``other`` one) and runs their forward kernels under
+  :func:`implicit_topk.kernels.gpu.platform_select.platform_select`: the StableHLO
+  lowered for one platform holds only that platform's kernel (no case, no host round
+  trip), and a function exported for several platforms (``jax.export.export(...,
+  platforms=("cpu", "cuda"))``) carries each, lowered for its own platform. The
+  derivatives are the implicit function theorem's, in plain JAX, on every platform
+  (:func:`implicit_topk.solvers.pallas.implicit_tangent`). So lowering or exporting for CUDA on a
+  CPU-only host gets the GPU kernel, not the CPU one. The solvers solve the same
+  problem, so every platform returns the same thresholds (each to its own rounding).
+
+  Attributes:
+    cpu, cuda, rocm, other: the solver of each platform (solver objects on
+      ``problem``).
+    regularizer, problem, implicit_diff, implicit_diff_backend: as in
+      :class:`ThresholdRootSolver`.
+
+  Example:
+    >>> import implicit_topk as itk
+    >>> solver = itk.solvers.make_solver("auto", itk.problems.CappedSimplex(), row_length=64)
+    >>> solver.for_platform("cuda").name, solver.for_platform("tpu").name
+    ('pallas', 'threshold')
+  """
+
+  cpu: Any = None
+  cuda: Any = None
+  rocm: Any = None
+  other: Any = None
+  name = "auto"
+
+  def for_platform(self, platform: str) -> ThresholdRootSolver:
+    """The solver that runs on ``platform`` (``"cpu"``, ``"cuda"``, ``"gpu"``, ...)."""
+    platform = "cuda" if platform == "gpu" else platform
+    return getattr(self, platform) if platform in ("cpu", "cuda", "rocm") else self.other
+
+  def with_layout(self, layout: Any) -> ThresholdRootSolver:
+    """This solver for rows laid out by ``layout``; a layout that the kernels cannot take
+    (segments, a pytree, an axis split over devices) gets ``"threshold"`` everywhere."""
+    if not getattr(layout, "sortable", False):
+      return ThresholdSolver(problem=self.problem.with_layout(layout),
+                             implicit_diff=self.implicit_diff,
+                             implicit_diff_backend=self.implicit_diff_backend)
+    new = super().with_layout(layout)
+    for platform in ("cpu", "cuda", "rocm", "other"):
+      object.__setattr__(new, platform, getattr(self, platform).with_layout(layout))
+    return new
+
+  def _solve(self, init, x, k, l):
+    """``run``'s thresholds, by each platform's solver (not differentiated here:
+    ``run`` wraps it in the implicit function theorem)."""
+    solve = lambda solver: lambda *a: solver._solve(init, *a)  # pylint: disable=protected-access
+    return platform_select.platform_select(
+        (x, k, l), {p: solve(getattr(self, p)) for p in ("cpu", "cuda", "rocm")},
+        solve(self.other))
+
+  def solve_and_map(self, x, k, l):
+    """The output and diagnostics by each platform's kernel, chosen at lowering
+    (:mod:`implicit_topk.kernels.gpu.platform_select`: each branch lowered for its own
+    platform only, so the default exports for ``("cpu", "cuda")``), with the
+    derivatives of the implicit function theorem in plain JAX
+    (:func:`implicit_topk.solvers.pallas.implicit_tangent`, one fused pass) on every
+    platform. ``implicit_diff=False`` or the jaxopt backend: the base class's path."""
+    if not self.implicit_diff or self.implicit_diff_backend != "lax":
+      return super().solve_and_map(x, k, l)
+    x, k, l = self._per_row(x, k, l)
+    problem = self.problem
+    forwards = {p: _forward(getattr(self, p)) for p in ("cpu", "cuda", "rocm")}
+
+    @jax.custom_jvp
+    def operator(x, k, l):
+      return platform_select.platform_select((x, k, l), forwards, _forward(self.other))
+
+    @operator.defjvp
+    def operator_jvp(primals, tangents):
+      outs = operator(*primals)
+      _, lam, origin, _, _ = outs
+      x, k, l = primals
+      y_dot, lam_dot = _tangent(problem)(x, lam, origin, k, l, *tangents)
+      return outs, (y_dot, lam_dot, *(jnp.zeros_like(v) for v in outs[2:]))
+
+    y, _, _, passes, residual = operator(x, k, l)
+    state = RootState(iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32),
+                      residual=jax.lax.stop_gradient(residual))
+    return y, state
+
+
+def _tangent(problem):
+  from implicit_topk.solvers import pallas as _pallas  # pylint: disable=g-import-not-at-top
+  return jax.checkpoint(functools.partial(_pallas.implicit_tangent, problem),
+                        policy=jax.checkpoint_policies.nothing_saveable)
+
+
+def _forward(solver):
+  """``(x, k, l) -> (y, lam, origin, passes, residual)`` by ``solver``, not differentiated
+  (``lam`` relative to the normalized rows ``problem.shift(x, origin)``; passes as a float
+  of the dtype of ``x``)."""
+  problem = solver.problem
+
+  def forward(x, k, l):
+    dtype = x.dtype
+    if isinstance(solver, PallasSolver) and solver._fits(x):  # pylint: disable=protected-access
+      acc = pallas_threshold.accumulation_dtype(dtype)
+      batch, n = x.shape[:-1], x.shape[-1]
+      y, lam, origin, passes, _, residual = pallas_threshold.fused_rows(
+          problem, x.reshape(-1, n).astype(acc), k.reshape(-1).astype(acc),
+          l.reshape(-1).astype(acc), free_passes=solver.free_passes,
+          interpret=solver.interpret, num_warps=solver.num_warps,
+          block_elements=solver.block_elements)
+      rows = lambda v: v.reshape(batch).astype(dtype)
+      return (y.reshape(x.shape).astype(dtype), rows(lam), rows(origin), rows(passes),
+              rows(residual))
+    if isinstance(solver, NativeSolver) and not hasattr(problem, "native_threshold"):
+      from implicit_topk.kernels.cpu import native_calls  # pylint: disable=g-import-not-at-top
+      solver._check_dtype(x)  # pylint: disable=protected-access
+      y, lam, passes, residual, shift = native_calls.capped_simplex_kernel(
+          x, k, l, native_calls.kernel_attributes(problem.regularizer))
+      return y, lam, shift, passes.astype(dtype), residual.astype(dtype)
+    origin = pallas_threshold.normalization_origin(problem, x, l)
+    xn = pallas_threshold.normalized(problem, x, origin)
+    lam, passes = solver._solve(None, xn, k, l)  # pylint: disable=protected-access
+    residual = jnp.abs(problem.optimality(lam, xn, k, l))
+    return (problem.primal(lam, xn, l), lam, origin, passes.astype(dtype),
+            residual.astype(dtype))
+
+  return forward
 
 
 def resolve_solver_name(name: str, problem, *, diff: str = "implicit", tol=None,
@@ -114,17 +282,35 @@ def make_solver(
   "dykstra" (``maxiter`` of them); ``tol`` is Dykstra's stopping tolerance and
   ``maxiter`` the iteration cap of the iterative solvers. ``None`` keeps the solver's
   default. Options a solver does not have raise ``ValueError``, on every backend.
+
+  ``"auto"`` (without ``maxiter``, ``tol`` or ``diff="unrolled"``) returns a
+  :class:`PlatformSolver`: :func:`auto_solver_name`'s choice for each platform, taken
+  when the function is lowered (``"native"`` on CPU, ``"pallas"`` on CUDA and ROCm
+  where it applies, ``"threshold"`` elsewhere), or that solver itself where every
+  platform gets the same. ``"native"`` and ``"pav"`` run on the CPU only: asked for
+  where calls run on another backend (:func:`target_platform`), they raise
+  ``ValueError`` naming the solvers that run there.
   """
+  auto = name == "auto" and tol is None and maxiter is None and diff == "implicit"
   name = resolve_solver_name(name, problem, diff=diff, tol=tol, maxiter=maxiter, size=size,
                              sharded=sharded, row_length=row_length)
   kwargs = {key: value for key, value in {"tol": tol, "maxiter": maxiter}.items()
             if value is not None}
-  return SOLVERS[name](problem=problem, implicit_diff=diff == "implicit",
-                       implicit_diff_backend=implicit_diff_backend, **kwargs)
+  common = dict(problem=problem, implicit_diff=diff == "implicit",
+                implicit_diff_backend=implicit_diff_backend)
+  if not auto:
+    _check_runs_here(name)
+    return SOLVERS[name](**common, **kwargs)
+  names = {platform: auto_solver_name(problem, backend=backend, sharded=sharded,
+                                      row_length=row_length)
+           for platform, backend in _PLATFORM_BACKENDS.items()}
+  if len(set(names.values())) == 1:
+    return SOLVERS[names["cpu"]](**common)
+  return PlatformSolver(**common, **{platform: SOLVERS[n](**common) for platform, n in names.items()})
 
 
 __all__ = [
     "ThresholdRootSolver", "CappedSimplexSolver", "OptStep", "RootState", "PAVSolver",
     "ThresholdSolver", "DykstraSolver", "NativeSolver", "PallasSolver", "SOLVERS", "DIFF_MODES", "auto_solver_name",
-    "resolve_solver_name", "make_solver",
+    "resolve_solver_name", "make_solver", "PlatformSolver", "target_platform",
 ]

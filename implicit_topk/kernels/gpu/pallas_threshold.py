@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk.kernels.gpu import bounded_newton
+from implicit_topk.kernels.gpu import bounded_newton, platform_select
 from implicit_topk.problems import layout as _layout
 from implicit_topk.solvers import threshold as _threshold
 
@@ -355,11 +355,19 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
   init = None if init is None else jnp.asarray(init, dtype)
   if interpret is not None:
     return call(x, k, l, init, interpret=interpret)
-  return jax.lax.platform_dependent(
-      x, k, l, init,
-      cuda=functools.partial(call, interpret=False),
-      rocm=functools.partial(call, interpret=False),
-      default=functools.partial(call, interpret=True))
+  if _varying_axes(x):  # inside shard_map: interpret mode traces the block function
+    return jax.lax.platform_dependent(
+        x, k, l, init, cuda=functools.partial(call, interpret=False),
+        rocm=functools.partial(call, interpret=False),
+        default=functools.partial(call, interpret=True))
+  # Each branch lowered for its own platforms only (a function exported for CPU and CUDA
+  # gets the interpreted kernel on one and Triton on the other).
+  args = (x, k, l) if init is None else (x, k, l, init)
+  unpack = lambda fn: lambda x_, k_, l_, *i: fn(x_, k_, l_, i[0] if i else None)
+  return platform_select.platform_select(
+      args, {"cuda": unpack(functools.partial(call, interpret=False)),
+             "rocm": unpack(functools.partial(call, interpret=False))},
+      unpack(functools.partial(call, interpret=True)))
 
 
 def threshold_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
