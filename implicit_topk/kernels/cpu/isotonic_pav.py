@@ -340,6 +340,7 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
     if not (lo < v < hi):
         v = 0.5 * (lo + hi)
     Fprev = np.inf
+    last = np.inf
     complement = link >= 2 and slope == 0.0  # sigmoid, Laplace: the complement form
     for _ in range(_MAXIT):
         if complement:
@@ -363,9 +364,13 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
         vn = 0.5 * (lo + hi)
         if D > 0.0 and D < np.inf and abs(F) <= 0.5 * abs(Fprev):
             newton = v + F / D
-            if lo < newton < hi:
+            # Complement form: F is a difference of exponential tails, on which Newton
+            # moves about l per step far from the root (hundreds of steps on a
+            # near-binary row); a step must also halve the last one, else bisect.
+            if lo < newton < hi and (not complement or abs(newton - v) <= 0.5 * last):
                 vn = newton
         Fprev = F
+        last = abs(vn - v)
         step = abs(vn - v)
         if step <= 4.0 * _EPS * max(abs(v), abs(vn)):
             # A step at rounding level is convergence only if the residual is

@@ -11,7 +11,7 @@ Pure numpy + numba (no jax). numba's disk cache is keyed on this file alone: the
 PAV loop and block solvers of :mod:`~implicit_topk.kernels.cpu.isotonic_pav` are compiled
 into these functions, so a change there needs a change here too (a stale cache keeps
 the old code). The sigmoid and Laplace blocks are solved in complement form
-(``proofs/complement_form.md``).
+(``proofs/complement_form.md``), by Newton steps that halve the last step or bisection.
 """
 
 import math

@@ -1,0 +1,227 @@
+"""Issue 33, items 1, 2 and 4: ``where=`` with every regularizer and solver (the native
+sigmoid kernel counted the excluded entries in its bracket), near-binary rows of the
+smooth regularizers (the complement form of phi, ``proofs/complement_form.md``), and
+p = 4/3 rows near the float maximum.
+
+Every value is checked against the independent references of ``tests/references.py``:
+the rational/bisection mask reference for ``where=``, and for near-binary rows a
+decimal reference with enough digits to resolve every tail (``dense_mask_row_hp``:
+plain ``sum y - k`` in brute precision, no complement form). Tolerances come from the
+conditioning of the problem: an entry's tail ``min(y, 1 - y)`` and its derivative
+``g'(z)`` move by a relative ``dz`` when ``z = (x - lam) / l`` moves by ``dz``, and an
+exact solver in a precision ``eps`` has ``lam`` to a few ulps and ``x - lam`` to
+``eps (|x| + |lam|)``.
+"""
+
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import implicit_topk as itk
+from implicit_topk import solvers as itk_solvers
+
+sys.path.insert(0, os.path.dirname(__file__))
+import references as ref  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+SMOOTH = ("sigmoid", "laplace")
+SOLVERS = ("native", "threshold", "pav")
+_SOLVER_CLASSES = {"native": itk_solvers.NativeSolver, "threshold": itk_solvers.ThresholdSolver,
+                   "pav": itk_solvers.PAVSolver}
+
+
+# -- item 1: where= ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_issue_example_sigmoid_where(solver):
+  x = jnp.array([-1.3243589, 0.0, 0.0], jnp.float32)
+  y = itk.soft_topk_mask(x, 0.93164, regularization_strength=0.016042, regularizer="sigmoid",
+                         where=jnp.array([True, False, False]), solver=solver)
+  # one valid entry: it takes all of k
+  np.testing.assert_allclose(np.asarray(y), [0.93164, 0.0, 0.0], rtol=2e-6, atol=0)
+
+
+# (name, p) of every regularizer; "dykstra" solves p = 2 only
+_REGULARIZERS = [("pnorm", 4.0 / 3.0), ("pnorm", 2.0), ("pnorm", 1.5), ("entropy", None),
+                 ("sigmoid", None), ("laplace", None)]
+
+
+def _where_rows(dtype):
+  """4 x 10 rows, 6 valid entries each (60%); the excluded entries hold, over the batch,
+  every kind of value: finite above and below every valid entry, +-inf and NaN."""
+  rng = np.random.default_rng(33)
+  x = rng.normal(size=(4, 10))
+  where = np.zeros((4, 10), bool)
+  for r in range(4):
+    where[r, rng.permutation(10)[:6]] = True
+  fills = np.array([10.0, -10.0, np.inf, -np.inf, np.nan])
+  excluded = np.argwhere(~where)
+  for i, (r, c) in enumerate(excluded):
+    x[r, c] = fills[i % fills.size]
+  return x.astype(dtype), where
+
+
+def _reference_where(x, where, k, l, name, p):
+  y = np.zeros(x.shape)
+  for r in range(x.shape[0]):
+    y[r, where[r]] = ref.soft_topk_mask(x[r, where[r]].astype(np.float64), k, l, p=p or 4 / 3,
+                                        regularizer_name=None if name == "pnorm" else name)
+  return y
+
+
+def _where_reference_grad(x, where, k, l, name, p, w, h=1e-6):
+  """d/dx sum(w y) by central differences of the reference (float64), valid entries only."""
+  grad = np.zeros(x.shape)
+  for r in range(x.shape[0]):
+    idx = np.flatnonzero(where[r])
+    base = x[r, idx].astype(np.float64)
+    for j in range(idx.size):
+      ys = []
+      for sign in (1, -1):
+        moved = base.copy()
+        moved[j] += sign * h
+        ys.append(ref.soft_topk_mask(moved, k, l, p=p or 4 / 3,
+                                     regularizer_name=None if name == "pnorm" else name))
+      grad[r, idx[j]] = np.dot(w[r, idx], ys[0] - ys[1]) / (2 * h)
+  return grad
+
+
+def _where_cases():
+  for name, p in _REGULARIZERS:
+    for solver in SOLVERS + ("dykstra",):
+      if solver == "dykstra" and p != 2.0:
+        continue
+      yield pytest.param(name, p, solver, id=f"{name}{'' if p is None else f'{p:.3g}'}-{solver}")
+
+
+@pytest.mark.parametrize("name,p,solver", list(_where_cases()))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_where_every_regularizer_and_solver(name, p, solver, dtype):
+  x, where = _where_rows(dtype)
+  k, l = 2.0, 0.5
+  kwargs = dict(regularization_strength=l, regularizer=name, solver=solver)
+  if p is not None:
+    kwargs["p"] = p
+  fun = lambda v: itk.soft_topk_mask(v, k, where=jnp.asarray(where), **kwargs)
+  y = np.asarray(fun(jnp.asarray(x)), np.float64)
+  expected = _reference_where(x, where, k, l, name, p)
+  eps = np.finfo(dtype).eps
+  atol = 1e-10 if dtype == np.float64 else 2e-6
+  if solver == "dykstra":  # stops on a certified L1 residual (default tol ~ sqrt(eps))
+    atol = max(atol, 4 * math.sqrt(eps))
+  np.testing.assert_allclose(y, expected, rtol=0, atol=atol)
+  assert np.all(y[~where] == 0)
+  np.testing.assert_allclose(y.sum(-1), k, rtol=0, atol=10 * atol)
+  if dtype == np.float64 and solver != "dykstra":
+    w = np.random.default_rng(1).normal(size=x.shape)
+    grad = np.asarray(jax.grad(lambda v: jnp.sum(jnp.asarray(w) * fun(v)))(jnp.asarray(x)))
+    assert np.all(grad[~where] == 0)
+    np.testing.assert_allclose(grad, _where_reference_grad(x, where, k, l, name, p, w),
+                               rtol=0, atol=1e-6)
+
+
+# -- item 2: near-binary rows of the smooth regularizers -----------------------------------
+
+_EXAMPLE = np.array([2.57, 2.11, 2.02, 1.79, 1.79, 1.58])
+
+
+@pytest.mark.parametrize("name", SMOOTH)
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_issue_example_derivative_in_k(solver, name):
+  """d/dk sum(w y) on the issue's row: the limit 2.75 (dy/dk = 1/2, 1/4, 1/4 on the
+  entries 2.02, 1.79, 1.79) at l = 1e-3, and the reference's value at 0.01 and 0.05
+  (sigmoid: 2.7499409864..., 2.6877069826...)."""
+  w = jnp.arange(6.0)
+  for l in (1e-3, 1e-2, 5e-2):
+    f = lambda k: jnp.sum(w * itk.soft_topk_mask(jnp.asarray(_EXAMPLE), k, regularization_strength=l,
+                                                 regularizer=name, solver=solver))
+    got = float(jax.grad(f)(3.0))
+    expected = float(np.dot(np.arange(6.0), ref.dense_mask_row_hp(_EXAMPLE, 3.0, l, name)["dk"]))
+    assert got == pytest.approx(expected, rel=2e-11, abs=0), (l, got, expected)
+    if l == 1e-3:
+      assert got == pytest.approx(2.75, rel=2e-11)
+  if name == "sigmoid":
+    assert expected == pytest.approx(2.687706982649, rel=1e-12)
+
+
+def near_binary_rows(rng, rows, n, gaps, dtype, *, k=None):
+  """Rows whose k-th and (k+1)-th largest entries are ``gap`` strengths apart (``gap``
+  drawn from ``gaps``), the other entries spread by 0 to 3 strengths (ties included)
+  on either side; entries near 2 (unshifted rows). Returns (x, k, l) per row."""
+  xs, ks, ls = [], [], []
+  for _ in range(rows):
+    kk = int(rng.integers(1, n)) if k is None else k
+    gap = float(rng.choice(gaps)) * rng.uniform(0.9, 1.0)
+    l = float(rng.uniform(0.002, 0.02))
+    top = 2.0 + l * np.cumsum(np.round(rng.uniform(0, 3, kk), 1))
+    bottom = 2.0 - l * gap - l * np.cumsum(np.round(rng.uniform(0, 3, n - kk), 1))
+    x = rng.permutation(np.concatenate([top, bottom])).astype(dtype)
+    xs.append(x)
+    ks.append(float(kk))
+    ls.append(float(np.asarray(l, dtype)))
+  return np.array(xs), np.array(ks, dtype), np.array(ls, dtype)
+
+
+def _lam(solver, name, x, k, l):
+  cls = _SOLVER_CLASSES[solver]
+  step = cls(regularizer=itk.BinaryEntropy() if name == "sigmoid" else itk.Laplace()).run(
+      None, jnp.asarray(x), jnp.asarray(k), jnp.asarray(l))
+  return np.asarray(step.params, np.float64)
+
+
+def check_near_binary(solver, name, x, k, l):
+  """lam, y, dy/dk (a jvp in k) and d/dx sum(w y) (a vjp) of every row against the
+  decimal reference."""
+  dtype = x.dtype
+  eps = float(np.finfo(dtype).eps)
+  tiny = float(np.finfo(dtype).tiny)
+  op = lambda v, kk: itk.soft_topk_mask(v, kk, regularization_strength=jnp.asarray(l),
+                                        regularizer=name, solver=solver)
+  xj, kj = jnp.asarray(x), jnp.asarray(k)
+  y, dk = jax.jvp(lambda kk: op(xj, kk), (kj,), (jnp.ones_like(kj),))
+  w = np.random.default_rng(7).normal(size=x.shape).astype(dtype)
+  grad = jax.grad(lambda v: jnp.sum(jnp.asarray(w) * op(v, kj)))(xj)
+  lam = _lam(solver, name, x, k, l)
+  y, dk, grad = (np.asarray(a, np.float64) for a in (y, dk, grad))
+  for r in range(x.shape[0]):
+    hp = ref.dense_mask_row_hp(x[r], k[r], l[r], name)
+    lam_ref = float(hp["lam"])
+    ulp = float(np.spacing(np.asarray(abs(lam_ref), dtype)))
+    # lam to a few ulps; each z_i then to delta_i (x_i - lam rounded once)
+    assert abs(lam[r] - lam_ref) <= 4 * ulp, (r, lam[r], lam_ref)
+    delta = 8 * (4 * ulp + eps * (np.abs(x[r].astype(np.float64)) + abs(lam_ref))) / l[r]
+    rel = np.expm1(2 * delta.max())
+    tail = np.minimum(hp["y"], 1 - hp["y"])
+    np.testing.assert_array_less(np.abs(y[r] - hp["y"]), tail * rel + 2 * eps + tiny)
+    np.testing.assert_array_less(np.abs(dk[r] - hp["dk"]), 2 * rel * hp["dk"] + 4 * tiny)
+    vjp, scale = ref.dense_mask_vjp_hp(hp, w[r], l[r])
+    np.testing.assert_array_less(np.abs(grad[r] - vjp), (2 * rel + 16 * eps) * scale + 4 * tiny / l[r])
+    # O(1) derivatives in k: a near-binary row is not binary
+    assert abs(dk[r].sum() - 1) <= 16 * rel + 64 * eps
+
+
+@pytest.mark.parametrize("name", SMOOTH)
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("dtype,gaps", [(np.float64, (60, 250, 700)), (np.float32, (30, 60, 85))])
+def test_near_binary_rows_match_the_decimal_reference(solver, name, dtype, gaps):
+  x, k, l = near_binary_rows(np.random.default_rng(2), 3, 7, gaps, dtype)
+  check_near_binary(solver, name, x, k, l)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMOOTH)
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("dtype,gaps", [(np.float64, (5, 20, 40, 100, 200, 350, 500, 600, 700)),
+                                        (np.float32, (5, 10, 20, 40, 60, 75, 85))])
+@pytest.mark.parametrize("seed", range(4))
+def test_near_binary_sweep(solver, name, dtype, gaps, seed):
+  rng = np.random.default_rng(100 + seed)
+  x, k, l = near_binary_rows(rng, 6, int(rng.integers(2, 17)), gaps, dtype)
+  check_near_binary(solver, name, x, k, l)
