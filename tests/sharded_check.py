@@ -30,6 +30,13 @@ jax.config.update("jax_enable_x64", True)
 
 
 
+# (rtol, atol) of a sharded result against the unsharded one. The sharded reduced axis
+# runs the threshold iteration where the unsharded call runs the native kernel: both are
+# exact to rounding, and the mask moves by up to its slope |dy/dlam| ~ 3/l times the
+# threshold's last-ulp difference (a few float32 ulps of 1 at l = 0.1).
+TOL = {"float32": (2e-5, 2e-6), "float64": (1e-10, 1e-12)}
+
+
 def compare(name, got, want, rtol, atol):
   got, want = np.asarray(got), np.asarray(want)
   ok = got.shape == want.shape and np.allclose(got, want, rtol=rtol, atol=atol)
@@ -50,13 +57,20 @@ def check_hlo(name, fn, *args):
   return compiled
 
 
-def operators(n):
+def operators(n, dense=False):
   k = 0.005 * n + 0.5  # 40.5 at n = 8192
-  return {
+  ops = {
       "mask": lambda z, **kw: itk.soft_topk_mask(z, k, regularization_strength=0.1, **kw),
       "mask_p2": lambda z, **kw: itk.soft_topk_mask(z, k, regularization_strength=0.1, p=2.0, **kw),
       "mag": lambda z, **kw: itk.soft_topk_mag(z, k, regularization_strength=0.1, **kw),
   }
+  if dense:  # the other kernel kinds: p = 1.5 (general rule), the dense regularizers
+    ops["mask_p1.5"] = lambda z, **kw: itk.soft_topk_mask(z, k, regularization_strength=0.1, p=1.5, **kw)
+    ops["mag_p3"] = lambda z, **kw: itk.soft_topk_mag(z, k, regularization_strength=0.1, p=3.0, **kw)
+    for reg in ("entropy", "sigmoid", "laplace"):
+      ops[f"mask_{reg}"] = (lambda z, reg=reg, **kw: itk.soft_topk_mask(
+          z, k, regularization_strength=0.1, regularizer=reg, **kw))
+  return ops
 
 
 def loss_of(op, weights):
@@ -64,38 +78,41 @@ def loss_of(op, weights):
 
 
 def group_jit(mesh, shapes=((4, 8192), (4, 64)), dtypes=(jnp.float32, jnp.float64),
-              label="auto", names=None, grad=True):
-  """jax.jit on an input placed with NamedSharding(mesh, P(None, "d")).
+              label="auto", names=None, grad=True, jvp=False, dense=False, options=None):
+  """jax.jit on an input placed with NamedSharding(mesh, P(None, "d")), default solver.
 
   On an Explicit mesh the default solver sees the sharding in the input's type and
   reduces across devices by itself. On an Auto mesh nothing at trace time says the
-  reduced axis is split, so the default (on CPU the per-row kernel, which needs whole
-  rows) would gather it: the documented choice there is ``solver="threshold"``.
+  reduced axis is split: the default (on CPU the native kernel, which needs whole rows)
+  is custom-partitioned (``implicit_topk.kernels.cpu.partitioning``), so that XLA runs
+  the threshold iteration with psum on each device's block instead of gathering it.
   """
   sharding = NamedSharding(mesh, P(None, "d"))
-  options = dict(solver="threshold") if label == "auto" else {}
+  options = options or {}
   for shape in shapes:
     for dtype in dtypes:
-      tol = (2e-5, 2e-6) if dtype == jnp.float32 else (1e-10, 1e-12)
+      tol = TOL[jnp.dtype(dtype).name]
       x0 = jax.random.normal(jax.random.PRNGKey(0), shape, dtype)
       w0 = jnp.cos(3 * x0)
       x = jax.device_put(x0, sharding)
       w = jax.device_put(w0, sharding)
-      for name, op in operators(shape[-1]).items():
+      for name, op in operators(shape[-1], dense=dense).items():
         if names and name not in names:
           continue
         op = functools.partial(op, **options)
         tag = f"jit[{label}] {name} {shape} {jnp.dtype(dtype).name}"
         loss_grad = jax.grad(lambda z, w_, op=op: jnp.sum(op(z) * w_))
         with jax.set_mesh(mesh):
-          fwd = check_hlo(tag + " fwd", op, x) if dtype == jnp.float32 else jax.jit(op)
-          out = fwd(x)
+          out = check_hlo(tag + " fwd", op, x)(x)
           if grad:
-            bwd = (check_hlo(tag + " grad", loss_grad, x, w) if dtype == jnp.float32
-                   else jax.jit(loss_grad))
-            compare(tag + " grad", bwd(x, w), jax.grad(loss_of(op, w0))(x0), *tol)
+            compare(tag + " grad", check_hlo(tag + " grad", loss_grad, x, w)(x, w),
+                    jax.grad(loss_of(op, w0))(x0), *tol)
+          if jvp:  # forward mode: the tangent kernel's sharded form
+            jvp_fn = lambda z, t, op=op: jax.jvp(op, (z,), (t,))[1]
+            compare(tag + " jvp", check_hlo(tag + " jvp", jvp_fn, x, w)(x, w),
+                    jax.jvp(op, (x0,), (w0,))[1], *tol)
         compare(tag + " fwd", out, op(x0), *tol)
-        report(out.sharding.spec == P(None, "d") or label == "auto" and
+        report(out.sharding.spec == P(None, "d") or label.startswith("auto") and
                out.sharding.is_equivalent_to(sharding, 2), tag + " output sharding",
                str(out.sharding.spec))
 
@@ -139,6 +156,68 @@ def group_shard_map(mesh, shapes=((4, 8192), (4, 64)), names=None, full=True):
           got = jax.jit(masked)(x, where)
         compare(tag + " where", got, itk.soft_topk_mask(x0, 2.5, regularization_strength=0.1, where=where),
                 1e-10, 1e-12)
+
+
+def collectives(text):
+  """{kind: count} of the data-moving collectives in a compiled HLO text."""
+  return {kind: len(re.findall(kind + r"[-a-z]*\(", text))
+          for kind in ("all-gather", "all-to-all", "collective-permute", "all-reduce")}
+
+
+def group_partitioning(mesh):
+  """The native kernel's custom partitioning (implicit_topk.kernels.cpu.partitioning):
+  a batch-sharded input runs the kernel on each device's rows (no collective at all);
+  a 2-D mesh splitting the batch and the reduced axis runs the psum form over the
+  reduced axis only; and the HLO check sees the gather of the unpartitioned kernel."""
+  from implicit_topk.kernels.cpu import ffi
+  n = 512
+  ops = operators(n)
+  x0 = jax.random.normal(jax.random.PRNGKey(3), (8, n), jnp.float32)
+  w0 = jnp.cos(3 * x0)
+  batch = NamedSharding(mesh, P("d", None))
+  x, w = jax.device_put(x0, batch), jax.device_put(w0, batch)
+  for name, kernel in (("mask", "implicit_topk_capped_simplex_"), ("mag", "implicit_topk_magnitude_")):
+    op = ops[name]
+    loss_grad = jax.grad(lambda z, w_, op=op: jnp.sum(op(z) * w_))
+    for what, fn, args in (("fwd", op, (x,)), ("grad", loss_grad, (x, w))):
+      tag = f"batch-sharded {name} {what}"
+      with jax.set_mesh(mesh):
+        compiled = jax.jit(fn).lower(*args).compile()
+        got = compiled(*args)
+      found = collectives(compiled.as_text())
+      moved = {k: c for k, c in found.items() if c and k != "all-reduce"}
+      report(not moved and kernel in compiled.as_text(), tag + " HLO",
+             f"{found}; the kernel {'runs' if kernel in compiled.as_text() else 'is missing'}")
+      want = op(x0) if what == "fwd" else jax.grad(loss_of(op, w0))(x0)
+      compare(tag, got, want, *TOL["float32"])
+  # batch over "b", reduced axis over "e"
+  mesh2 = jax.make_mesh((2, 4), ("b", "e"), axis_types=(AxisType.Auto,) * 2)
+  both = NamedSharding(mesh2, P("b", "e"))
+  x, w = jax.device_put(x0, both), jax.device_put(w0, both)
+  for name in ("mask", "mag"):
+    op = ops[name]
+    loss_grad = jax.grad(lambda z, w_, op=op: jnp.sum(op(z) * w_))
+    with jax.set_mesh(mesh2):
+      out = check_hlo(f"2-D mesh {name} fwd", op, x)(x)
+      grad = check_hlo(f"2-D mesh {name} grad", loss_grad, x, w)(x, w)
+    compare(f"2-D mesh {name} fwd", out, op(x0), *TOL["float32"])
+    compare(f"2-D mesh {name} grad", grad, jax.grad(loss_of(op, w0))(x0), *TOL["float32"])
+    report(out.sharding.is_equivalent_to(both, 2), f"2-D mesh {name} output sharding",
+           str(out.sharding.spec))
+  # The check can fail: the kernel without its custom partitioning (the behaviour
+  # before) gathers the reduced axis, and check_hlo's pattern sees it.
+  x = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (4, 8192), jnp.float32),
+                     NamedSharding(mesh, P(None, "d")))
+  kept = ffi._partitions
+  ffi._partitions = lambda ctx, target: False
+  try:
+    with jax.set_mesh(mesh):
+      text = jax.jit(operators(8192)["mask"]).lower(x).compile().as_text()
+  finally:
+    ffi._partitions = kept
+  found = collectives(text)
+  report(found["all-gather"] > 0, "unpartitioned kernel: the HLO check sees its gather",
+         str(found))
 
 
 def group_errors(mesh):
@@ -214,10 +293,15 @@ def main(groups):
   runs = {
       # the default test run: the issue's case under jit, shard_map on a small row, errors
       "fast": lambda: (group_jit(mesh, shapes=((4, 8192),), dtypes=(jnp.float32,),
-                                 names=("mask",), grad=False),
+                                 names=("mask", "mag"), jvp=True),
+                       group_jit(mesh, shapes=((4, 64),), dtypes=(jnp.float64,),
+                                 names=("mask", "mag", "mask_sigmoid"), dense=True),
+                       group_partitioning(mesh),
                        group_shard_map(mesh, shapes=((4, 64),), names=("mask",), full=False),
                        group_errors(mesh)),
-      "jit": lambda: group_jit(mesh),
+      "jit": lambda: group_jit(mesh, jvp=True, dense=True),
+      "jit_threshold": lambda: group_jit(mesh, shapes=((4, 8192),), label="auto threshold",
+                                         options=dict(solver="threshold")),
       "jit_explicit": lambda: group_jit(explicit, shapes=((4, 8192),), dtypes=(jnp.float32,),
                                         label="explicit"),
       "shard_map": lambda: group_shard_map(mesh),

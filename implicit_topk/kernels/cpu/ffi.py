@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import jax
 import jax.extend
+from jax import export
+from jax._src import dispatch
 from jax.interpreters import ad, batching, mlir
 
 from implicit_topk.kernels.cpu import registry
@@ -66,6 +68,40 @@ def _aval_axes(aval) -> frozenset:
 
 
 def _lowering(ctx, *operands, target, results, attributes):
+  """The custom call (:func:`_kernel_lowering`), through
+  :mod:`implicit_topk.kernels.cpu.partitioning` where the program may be split over
+  several devices: XLA then keeps a reduced axis split over devices split (a per-device
+  form with ``psum``) instead of gathering it."""
+  if not _partitions(ctx, target):
+    return _kernel_lowering(ctx, *operands, target=target, results=results,
+                            attributes=attributes)
+  from implicit_topk.kernels.cpu import partitioning
+  registry.ensure(target)
+  return mlir.lower_fun(
+      lambda *args: partitioning.partitioned(_kernel_call, args, target=target,
+                                             results=results, attributes=attributes),
+      multiple_results=True)(ctx, *operands)
+
+
+def _partitions(ctx, target) -> bool:
+  """Whether a call of ``target`` lowered in ``ctx`` goes through custom partitioning:
+  a target with a sharded form, in a program for several devices with automatic
+  (not manual) axes, not lowered for ``jax.export``."""
+  from jax._src import sharding_impls
+  from implicit_topk.kernels.cpu import partitioning
+  module = ctx.module_context
+  if getattr(module.lowering_parameters, "for_export", False):
+    return False
+  axis_context = module.axis_context
+  if not isinstance(axis_context, sharding_impls.ShardingContext):
+    return False  # shard_map (manual axes), pmap
+  devices = axis_context.device_assignment
+  if devices is None or len(devices) <= 1:
+    return False
+  return partitioning.has_sharded_form(target)
+
+
+def _kernel_lowering(ctx, *operands, target, results, attributes):
   """The custom call, marked batch partitionable over the leading axes of the first
   operand (all but its last): the frontend attribute XLA's batch partitioner reads and,
   under Shardy, the sharding rule that says the same."""
@@ -86,6 +122,8 @@ def _sharding_rule(ctx, batch):
   call on replicated data: correct, not partitioned)."""
   if not jax.config.jax_use_shardy_partitioner:
     return None
+  if any(export.is_symbolic_dim(d) for a in (*ctx.avals_in, *ctx.avals_out) for d in a.shape):
+    return None  # symbolic shapes (jax.export): the lowering adds shape operands
   try:
     from jax._src import custom_partitioning_sharding_rule as rules
   except ImportError:
@@ -128,6 +166,13 @@ _native_call.def_abstract_eval(_abstract_eval)
 _native_call.def_impl(lambda *args, **params: jax.jit(
     functools.partial(_native_call.bind, **params))(*args))
 mlir.register_lowering(_native_call, _lowering, platform="cpu")
+
+# The kernel call itself, which :mod:`implicit_topk.kernels.cpu.partitioning` binds on
+# each device's block (and on whole programs it does not partition).
+_kernel_call = jax.extend.core.Primitive("implicit_topk_native_kernel")
+_kernel_call.multiple_results = True
+_kernel_call.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(_kernel_call, _kernel_lowering, platform="cpu")
 batching.primitive_batchers[_native_call] = _batched(_native_call, "results")
 
 
@@ -201,5 +246,8 @@ _linear_call.def_impl(lambda *args, **params: jax.jit(
 mlir.register_lowering(_linear_call, mlir.lower_fun(_linear_impl, multiple_results=True),
                        platform="cpu")
 batching.primitive_batchers[_linear_call] = _batched(_linear_call, "results", "transposed")
+# Lowered with the device assignment in hand (as jax's custom_partitioning is): without it
+# a nested jit's calls could not be partitioned (see _partitions).
+dispatch.prim_requires_devices_during_lowering.update((_native_call, _linear_call))
 ad.primitive_transposes[_linear_call] = _linear_transpose
 ad.primitive_jvps[_linear_call] = _linear_jvp
