@@ -1,0 +1,101 @@
+"""The GPU program of the default, checked on a CPU-only machine by lowering for CUDA.
+
+Nothing runs on a GPU here: ``jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))``
+builds the StableHLO that XLA:GPU would compile. The default forward and backward of
+``soft_topk_mask`` and ``soft_topk_mag`` must be the fused Triton kernel plus elementwise
+and reduction ops: no ``stablehlo.while`` (on XLA:GPU a loop with a data-dependent trip
+count copies its predicate to the host every iteration) and no ``stablehlo.case`` (a
+``cond`` does so once) outside the kernel. Rows longer than the kernel's limit go to the
+threshold solver, whose loop is the documented exception (64 x 1e4 below). Also: the
+default exports for CPU and CUDA together from this host, and runs here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import implicit_topk as itk
+from implicit_topk.kernels.gpu import pallas_threshold
+
+TRITON = pallas_threshold.TRITON_TARGET
+
+
+def _lower(fn, shape, dtype=jnp.float32):
+  x = jax.ShapeDtypeStruct(shape, dtype)
+  return jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _fwd_bwd(op):
+  return lambda z: jax.grad(lambda u: jnp.sum(op(u) * jnp.cos(u)))(z)
+
+
+MASK = lambda k: (lambda u: itk.soft_topk_mask(u, k, regularization_strength=0.5))
+MAG = lambda k: (lambda u: itk.soft_topk_mag(u, k, regularization_strength=0.5))
+CELLS = [("mask", (16384, 8), 2.0), ("mask", (16384, 64), 2.0), ("mask", (16384, 256), 8.0),
+         ("mask", (64, 1000), 10.0), ("mag", (16384, 64), 2.0), ("mag", (64, 1000), 10.0)]
+
+
+@pytest.mark.parametrize("name,shape,k", CELLS, ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}" for c in CELLS])
+def test_default_forward_and_backward_lower_to_the_kernel_without_host_round_trips(name, shape, k):
+  op = (MASK if name == "mask" else MAG)(k)
+  for fn, what in ((op, "forward"), (_fwd_bwd(op), "forward+backward")):
+    text = _lower(fn, shape)
+    assert text.count(TRITON) == 1, (what, text.count(TRITON))
+    assert "stablehlo.while" not in text, what
+    assert "stablehlo.case" not in text, what
+    assert "stablehlo.sort" not in text and "top_k" not in text.lower().replace("topk", ""), what
+    assert not set(re.findall(r"custom_call @(\w+)", text)) - {"Sharding"}, what
+
+
+def test_rows_longer_than_the_kernel_take_the_threshold_solver():
+  """64 x 1e4: the kernel takes rows of at most 4096 entries; longer rows go to the
+  pure-JAX threshold solver (its while loop is visible at the XLA level)."""
+  text = _lower(_fwd_bwd(MASK(100.0)), (64, 10_000))
+  assert TRITON not in text and "stablehlo.while" in text
+
+
+def test_the_kernel_uses_blocks_of_512_entries_and_8_warps():
+  text = _lower(MASK(2.0), (16384, 64))
+  assert re.search(r"num_warps\D{0,8}8", text), "num_warps = 8"
+  # 512 entries per program: 8 rows of 64, so 2048 programs
+  assert "tensor<8x64xf32>" in text or "8x64" in text
+
+
+def test_native_on_a_gpu_backend_is_refused_by_name(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  with pytest.raises(ValueError, match="solver='native' runs on the CPU only.*'pallas', 'threshold'"):
+    itk.soft_topk_mask(jnp.ones((2, 4)), 2.0, solver="native")
+  with pytest.raises(ValueError, match="solver='pav' runs on the CPU only"):
+    itk.soft_topk_mag(jnp.ones((2, 4)), 2.0, solver="pav")
+
+
+def test_auto_is_chosen_per_platform_at_lowering():
+  solver = itk.solvers.make_solver("auto", itk.problems.CappedSimplex(), row_length=64)
+  assert {p: solver.for_platform(p).name for p in ("cpu", "cuda", "rocm", "tpu")} == {
+      "cpu": "native", "cuda": "pallas", "rocm": "pallas", "tpu": "threshold"}
+  long_rows = itk.solvers.make_solver("auto", itk.problems.CappedSimplex(), row_length=10_000)
+  assert long_rows.for_platform("cuda").name == "threshold"
+  assert itk.solvers.make_solver("auto", itk.problems.CappedSimplex(), sharded=True).name == "threshold"
+
+
+def test_export_safety_checks_name_the_triton_target():
+  names = {str(check) for check in itk.export_safety_checks()}
+  assert any(TRITON in name for name in names), names
+
+
+def test_default_exports_for_cpu_and_cuda_and_runs_here():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(8, 64)), jnp.float32)
+  for op in (MASK(2.0), MAG(2.0)):
+    fn = jax.jit(_fwd_bwd(op))
+    exported = jax.export.export(fn, platforms=("cpu", "cuda"),
+                                 disabled_checks=itk.export_safety_checks())(x)
+    assert TRITON in exported.mlir_module()
+    restored = jax.export.deserialize(exported.serialize())
+    itk.register_kernels(restored)
+    np.testing.assert_allclose(np.asarray(restored.call(x)), np.asarray(fn(x)), rtol=0, atol=1e-6)
