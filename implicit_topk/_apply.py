@@ -20,6 +20,7 @@ from jax.typing import ArrayLike
 
 from implicit_topk import _standardize
 from implicit_topk import _validation
+from implicit_topk import support_budget
 from implicit_topk.problems import layout as _layout
 
 #: The public name of the regularization strength ``l``, used in error messages.
@@ -160,13 +161,16 @@ def call_with_auto_axes(fn: Callable, x: Any, *args: Any, reduced_axis: int,
           mesh, _output_spec(np.shape(y), x_shape, x_spec, reduced_axis))), out)
 
 
-def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=None):
+def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=None,
+           max_support=None):
   """The operator on ``rows`` laid out by ``solver.layout``: normalize, solve, map back.
 
   ``where`` (same shape as ``rows``): entries outside it take the problem's
   ``excluded_value`` (never selected) and are returned as exactly 0. ``standardize``
   (None or a power ``a``): the strength is ``l`` times each row's standard deviation
-  to the power ``a`` (:func:`implicit_topk._standardize.row_spread`).
+  to the power ``a`` (:func:`implicit_topk._standardize.row_spread`). ``max_support``
+  (None or an int ``m``; whole rows, p-norms): the strength is lowered where needed so
+  that at most ``m`` entries are nonzero (:mod:`implicit_topk.support_budget`).
   """
   layout = solver.layout
   if standardize is not None:
@@ -176,7 +180,12 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
   k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)
   l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), row_shape)
+  if max_support is not None:
+    l_rows, cut = support_budget.capped_strength(rows.astype(dtype), k_rows, l_rows,
+                                                 max_support, solver.problem.regularizer.exponent)
   y, state = solver.solve_and_map(rows, k_rows, l_rows)
+  if max_support is not None:  # 0 at or below the cut (a threshold an ulp below it)
+    y = jnp.where(rows > cut[..., None], y, jnp.zeros_like(y))
   # A traced l is not checked: l <= 0, l >= max_strength (or NaN) gives NaN rows, never a
   # wrong mask.
   upper = _validation.max_strength(dtype)
@@ -187,19 +196,20 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   return (y, state) if return_info else y
 
 
-def _solve_rows(x, k, l, where, segment_ids, *, solver, axis, return_info, standardize=None):
+def _solve_rows(x, k, l, where, segment_ids, *, solver, axis, return_info, standardize=None,
+                max_support=None):
   if segment_ids is not None:
     solver = solver.with_layout(solver.layout.bind(segment_ids))
   if where is not None:
     where = jnp.moveaxis(where, axis, -1)
   out = apply_on_axis(
       lambda rows: _solve(solver, rows, k, l, where=where, return_info=True,
-                          standardize=standardize), x, axis)
+                          standardize=standardize, max_support=max_support), x, axis)
   return out if return_info else out[0]
 
 
-_solve_rows_jit = jax.jit(_solve_rows,
-                          static_argnames=("solver", "axis", "return_info", "standardize"))
+_solve_rows_jit = jax.jit(_solve_rows, static_argnames=("solver", "axis", "return_info",
+                                                        "standardize", "max_support"))
 
 
 def _power(standardize: float | None) -> float | None:
@@ -242,7 +252,8 @@ def check_where(where: ArrayLike | None, x: jax.Array, name: str = "where") -> j
 
 def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *, axis: int,
                        return_info: bool = False, where: ArrayLike | None = None,
-                       axis_name: Any = None, standardize: float | None = None) -> Any:
+                       axis_name: Any = None, standardize: float | None = None,
+                       max_support: int | None = None) -> Any:
   """Validates ``x``, ``axis``, ``k`` (0 <= k <= n) and ``l`` (> 0), then solves along ``axis``.
 
   ``l`` is the public ``regularization_strength``; errors about it use that name.
@@ -251,6 +262,8 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
   never selected) and, when ``where`` is concrete, ``k`` is checked against each row's
   count of valid entries. ``axis_name``: the reduced axis is split over that mesh axis
   (inside ``shard_map``); ``n`` is then the local size times the axis size.
+  ``max_support``: at most that many nonzero entries per row (p-norm mask problems on
+  whole rows; :mod:`implicit_topk.support_budget`).
 
   Returns the operator's output with the shape and dtype of ``x`` (and the solver's
   ``RootState`` with ``return_info``). The computation is one ``jax.jit`` keyed on the
@@ -269,6 +282,12 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
     solver = solver.with_layout(_layout.LastAxis(axis_name))
   where = check_where(where, x)
   _validation.check_k(k, n)
+  if max_support is not None:
+    if axis_name is not None:
+      raise ValueError("`max_support` needs whole rows on each device; it does not combine "
+                       "with `axis_name`.")
+    support_budget.check_max_support(max_support, _validation.concrete(k),
+                                     solver.problem.regularizer)
   concrete_where = None if where is None else _validation.concrete(where)
   if concrete_where is not None and axis_name is None:
     _validation.check_k_per_row(k, np.sum(concrete_where, axis=axis), "the number of "
@@ -282,7 +301,8 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
   # batch-sharded input gathered after the kernel): run with the mesh axes Auto.
   return call_with_auto_axes(
       lambda x_, k_, l_, where_: run(x_, k_, l_, where_, None, solver=solver, axis=axis,
-                                     return_info=return_info, standardize=_power(standardize)),
+                                     return_info=return_info, standardize=_power(standardize),
+                                     max_support=max_support),
       x, k, l, where, reduced_axis=axis)
 
 

@@ -51,6 +51,7 @@ def soft_topk_mask(
     where: ArrayLike | None = None,
     axis_name: Any = None,
     standardize: bool = False,
+    max_support: int | None = None,
     l: ArrayLike | None = None,
 ) -> Union[jax.Array, tuple[jax.Array, solvers.RootState]]:
   r"""Sparse, differentiable top-k mask along ``axis``.
@@ -144,6 +145,20 @@ def soft_topk_mask(
       + b)`` equals ``soft_topk_mask(x)`` for every ``c > 0`` and ``b``. Gradients
       flow through the standard deviation (``proofs/standardized_strength.md``).
       Default False: the strength is absolute.
+    max_support: ``None`` (default) or an int ``m > k``: at most ``m`` nonzero
+      entries per row, for any scale of ``x`` and any strength (a compute budget, e.g.
+      the experts a token may be routed to). Where the plain mask would have more,
+      the row is solved with the largest strength ``l* <= l`` whose mask has ``m``:
+      its threshold is then the (m+1)-th largest entry. Elsewhere the output is the
+      plain mask, exactly. Ties: where fewer than ``k`` entries lie strictly above
+      the (m+1)-th largest, the cut moves to the next distinct value below it and the
+      tied entries enter together (a symmetric operator cannot split a tie; the
+      support then exceeds ``m`` by those entries). Continuous in ``x`` except where
+      such a tie straddles the cut; gradients through both the mask's and the
+      strength's equations (``proofs/support_budget.md``). p-norm regularizers only
+      (the others have no exact zeros: ``ValueError``), whole rows (not with
+      ``axis_name``); one ``lax.top_k`` of ``m + 1`` entries per row on top of the
+      plain mask.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -188,7 +203,8 @@ def soft_topk_mask(
       sharded=axis_name is not None or _apply.reduced_axis_is_sharded(x, axis))
   return _apply.threshold_operator(solver_obj, x, k, l, axis=axis, return_info=return_info,
                                    where=where, axis_name=axis_name,
-                                   standardize=_MASK_SCALE_POWER if standardize else None)
+                                   standardize=_MASK_SCALE_POWER if standardize else None,
+                                   max_support=max_support)
 
 
 @_apply.explicit_axes_as_auto

@@ -33,6 +33,7 @@ NAMES = [
     "native_magnitude_bracket",
     "standardized_strength",
     "dykstra_snap",
+    "support_budget",
 ]
 
 
