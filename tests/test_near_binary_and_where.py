@@ -36,10 +36,15 @@ _SOLVER_CLASSES = {"native": itk_solvers.NativeSolver, "threshold": itk_solvers.
                    "pav": itk_solvers.PAVSolver}
 
 
+def _default_native():
+  """The solvers, with all but the native kernel (the CPU default) in the slow group."""
+  return [pytest.param(s, marks=() if s == "native" else pytest.mark.slow) for s in SOLVERS]
+
+
 # -- item 1: where= ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", _default_native())
 def test_issue_example_sigmoid_where(solver):
   x = jnp.array([-1.3243589, 0.0, 0.0], jnp.float32)
   y = itk.soft_topk_mask(x, 0.93164, regularization_strength=0.016042, regularizer="sigmoid",
@@ -94,15 +99,20 @@ def _where_reference_grad(x, where, k, l, name, p, w, h=1e-6):
 
 
 def _where_cases():
-  for name, p in _REGULARIZERS:
-    for solver in SOLVERS + ("dykstra",):
-      if solver == "dykstra" and p != 2.0:
-        continue
-      yield pytest.param(name, p, solver, id=f"{name}{'' if p is None else f'{p:.3g}'}-{solver}")
+  """Every regularizer and solver in both dtypes; the default run keeps the native
+  kernel (the CPU default) with the dense masks, the rest is in the slow group."""
+  for dtype in (np.float64, np.float32):
+    for name, p in _REGULARIZERS:
+      for solver in SOLVERS + ("dykstra",):
+        if solver == "dykstra" and p != 2.0:
+          continue
+        default = solver == "native" and p is None and (dtype == np.float64 or name == "sigmoid")
+        yield pytest.param(name, p, solver, dtype, marks=() if default else pytest.mark.slow,
+                           id=f"{np.dtype(dtype).name}-{name}{'' if p is None else f'{p:.3g}'}"
+                              f"-{solver}")
 
 
-@pytest.mark.parametrize("name,p,solver", list(_where_cases()))
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name,p,solver,dtype", list(_where_cases()))
 def test_where_every_regularizer_and_solver(name, p, solver, dtype):
   x, where = _where_rows(dtype)
   k, l = 2.0, 0.5
@@ -133,7 +143,7 @@ _EXAMPLE = np.array([2.57, 2.11, 2.02, 1.79, 1.79, 1.58])
 
 
 @pytest.mark.parametrize("name", SMOOTH)
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", _default_native())
 def test_issue_example_derivative_in_k(solver, name):
   """d/dk sum(w y) on the issue's row: the limit 2.75 (dy/dk = 1/2, 1/4, 1/4 on the
   entries 2.02, 1.79, 1.79) at l = 1e-3, and the reference's value at 0.01 and 0.05
@@ -169,11 +179,20 @@ def near_binary_rows(rng, rows, n, gaps, dtype, *, k=None):
   return np.array(xs), np.array(ks, dtype), np.array(ls, dtype)
 
 
-def _lam(solver, name, x, k, l):
+def _everything(solver, name, x, k, l, w):
+  """(lam, y, dy/dk, d/dx sum(w y)) in one jitted call."""
   cls = _SOLVER_CLASSES[solver]
-  step = cls(regularizer=itk.BinaryEntropy() if name == "sigmoid" else itk.Laplace()).run(
-      None, jnp.asarray(x), jnp.asarray(k), jnp.asarray(l))
-  return np.asarray(step.params, np.float64)
+  regularizer = itk.BinaryEntropy() if name == "sigmoid" else itk.Laplace()
+
+  @jax.jit
+  def run(x, k, l, w):
+    op = lambda v, kk: itk.soft_topk_mask(v, kk, regularization_strength=l,
+                                          regularizer=name, solver=solver)
+    y, dk = jax.jvp(lambda kk: op(x, kk), (k,), (jnp.ones_like(k),))
+    grad = jax.grad(lambda v: jnp.sum(w * op(v, k)))(x)
+    return cls(regularizer=regularizer).run(None, x, k, l).params, y, dk, grad
+
+  return (np.asarray(a, np.float64) for a in run(*map(jnp.asarray, (x, k, l, w))))
 
 
 def check_near_binary(solver, name, x, k, l):
@@ -182,14 +201,8 @@ def check_near_binary(solver, name, x, k, l):
   dtype = x.dtype
   eps = float(np.finfo(dtype).eps)
   tiny = float(np.finfo(dtype).tiny)
-  op = lambda v, kk: itk.soft_topk_mask(v, kk, regularization_strength=jnp.asarray(l),
-                                        regularizer=name, solver=solver)
-  xj, kj = jnp.asarray(x), jnp.asarray(k)
-  y, dk = jax.jvp(lambda kk: op(xj, kk), (kj,), (jnp.ones_like(kj),))
   w = np.random.default_rng(7).normal(size=x.shape).astype(dtype)
-  grad = jax.grad(lambda v: jnp.sum(jnp.asarray(w) * op(v, kj)))(xj)
-  lam = _lam(solver, name, x, k, l)
-  y, dk, grad = (np.asarray(a, np.float64) for a in (y, dk, grad))
+  lam, y, dk, grad = _everything(solver, name, x, k, l, w)
   for r in range(x.shape[0]):
     hp = ref.dense_mask_row_hp(x[r], k[r], l[r], name)
     lam_ref = float(hp["lam"])
@@ -208,7 +221,7 @@ def check_near_binary(solver, name, x, k, l):
 
 
 @pytest.mark.parametrize("name", SMOOTH)
-@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("solver", _default_native())
 @pytest.mark.parametrize("dtype,gaps", [(np.float64, (60, 250, 700)), (np.float32, (30, 60, 85))])
 def test_near_binary_rows_match_the_decimal_reference(solver, name, dtype, gaps):
   x, k, l = near_binary_rows(np.random.default_rng(2), 3, 7, gaps, dtype)
