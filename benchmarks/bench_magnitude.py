@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import implicit_topk as itk
+import _timing  # noqa: E402  (the scripts' folder is on sys.path)
 
 CELLS = ((16384, 64, 2, 0.5), (64, 1000, 10, 0.1), (1, 10000, 100, 0.1), (64, 10000, 2, 0.1))
 SOLVERS = ("threshold", "native")
@@ -62,17 +61,7 @@ def time_cell(batch, n, k, l, repeats):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(batch, n)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(batch, n)), jnp.float32)
-  fns = contenders(k, l, w)
-  for fn in fns.values():  # compile and warm up
-    jax.block_until_ready(fn(x))
-    jax.block_until_ready(fn(x))
-  times = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      start = time.perf_counter()
-      jax.block_until_ready(fn(x))
-      times[name].append(time.perf_counter() - start)
-  return {name: (statistics.median(t), min(t), max(t)) for name, t in times.items()}
+  return _timing.interleaved(contenders(k, l, w), x, repeats)
 
 
 def main():

@@ -27,14 +27,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import implicit_topk as itk
+import _timing  # noqa: E402  (the scripts' folder is on sys.path)
 
 # (batch, n, k, m, l): the router cells with a budget one or two above k.
 CELLS = ((16384, 8, 2, 3, 1.0), (16384, 64, 2, 4, 1.0), (16384, 256, 8, 12, 1.0),
@@ -61,17 +60,7 @@ def time_cell(batch, n, k, m, l, repeats):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(batch, n)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(batch, n)), jnp.float32)
-  fns = contenders(k, m, l, w)
-  for fn in fns.values():  # compile and warm up
-    jax.block_until_ready(fn(x))
-    jax.block_until_ready(fn(x))
-  times = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      start = time.perf_counter()
-      jax.block_until_ready(fn(x))
-      times[name].append(time.perf_counter() - start)
-  return {name: (statistics.median(t), min(t), max(t)) for name, t in times.items()}
+  return _timing.interleaved(contenders(k, m, l, w), x, repeats)
 
 
 def main():
