@@ -138,7 +138,7 @@ def check_library(rng):
         for dtype in (np.float32, np.float64):
             with np.errstate(over="ignore"):  # 1e300 in float32: inf, such rows are dropped
                 xd = x.astype(dtype)
-                    ok = np.isfinite(xd).all(axis=1) & np.isfinite(l.astype(dtype))
+                ok = np.isfinite(xd).all(axis=1) & np.isfinite(l.astype(dtype))
             _, passes, certified = pallas_threshold.threshold_rows(
                 problem, jnp.asarray(xd[ok]), jnp.asarray(k[ok], dtype),
                 jnp.asarray(l[ok], dtype), free_passes=0)

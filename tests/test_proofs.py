@@ -34,6 +34,7 @@ NAMES = [
     "standardized_strength",
     "dykstra_snap",
     "support_budget",
+    "pallas_bounded_iteration",
 ]
 
 
