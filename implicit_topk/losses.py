@@ -24,6 +24,7 @@ quadratic by construction).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence, Union
 
@@ -502,9 +503,23 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
   _validation.check_choice(mode, "mode", ("smooth", "smooth_hard"))
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
   dtype = _validation.compute_dtype(scores.dtype)
-  s = scores.astype(dtype)
-  tau = jnp.asarray(tau, dtype)
-  alpha = jnp.asarray(alpha, dtype)
+  loss = _smooth_topk_svm(scores.astype(dtype), labels, jnp.asarray(tau, dtype),
+                          jnp.asarray(alpha, dtype), k=int(k), mode=mode, thresh=float(thresh))
+  return _reduce(loss.astype(scores.dtype), reduction)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "mode", "thresh"))
+def _smooth_topk_svm(s, labels, tau, alpha, *, k, mode, thresh):
+  """The per-example smooth top-k SVM loss, compiled once per shape and option.
+
+  Under ``jax.jit`` this changes nothing. Called eagerly, a bare ``lax.scan`` is traced
+  and compiled again at every call (its body is a new function each time), and so is
+  its transpose under ``jax.grad``: that took 0.3-1 s per call on a 2-core CPU, where
+  the whole loss and its gradient take a few milliseconds once compiled
+  (``benchmarks/profile_losses.py``).
+  """
+  n = s.shape[-1]
+  dtype = s.dtype
   is_label = jnp.arange(n) == labels[..., None]
   s_label = jnp.take_along_axis(s, labels[..., None], axis=-1)[..., 0]
   neg = _log_zero(dtype, k)
@@ -514,7 +529,7 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
   with_label = log_ekm1 + s_label / (k * tau)
   smooth = tau * (jnp.logaddexp(log_ek + alpha / tau, with_label) - with_label)
   if mode == "smooth":
-    return _reduce(smooth.astype(scores.dtype), reduction)
+    return smooth
 
   top_plus, _ = jax.lax.top_k(others + alpha, k)
   max_1 = jnp.mean(top_plus, axis=-1)
@@ -523,7 +538,7 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
   hard_loss = jnp.maximum(max_1 - max_2, 0.0)
   top_all, _ = jax.lax.top_k(jax.lax.stop_gradient(s), k + 1)
   use_hard = top_all[..., k - 1] - top_all[..., k] >= k * tau * math.log(thresh)
-  return _reduce(jnp.where(use_hard, hard_loss, smooth).astype(scores.dtype), reduction)
+  return jnp.where(use_hard, hard_loss, smooth)
 
 
 @_apply.explicit_axes_as_auto

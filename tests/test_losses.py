@@ -196,6 +196,36 @@ def test_smooth_svm_matches_difftopk():
       np.testing.assert_allclose(ours, float(peer(x, y)), rtol=1e-10)
 
 
+def _compiles_during(fn):
+  """The messages of the XLA compilations that ``fn()`` triggers."""
+  import logging
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  logger = logging.getLogger("jax")
+  with jax.log_compiles():
+    logger.addHandler(handler)
+    try:
+      fn()
+    finally:
+      logger.removeHandler(handler)
+  return [r.getMessage()[:200] for r in records if "Compiling" in r.getMessage()]
+
+
+@pytest.mark.parametrize("mode", ["smooth", "smooth_hard"])
+def test_smooth_svm_eager_calls_compile_once(mode):
+  """Eager calls (no jax.jit around the training step) reuse one compiled program: a
+  bare lax.scan outside jit is compiled again at every call, forward and transpose."""
+  scores = jnp.asarray(RNG.normal(size=(16, 30)), jnp.float32)
+  labels = jnp.asarray(RNG.integers(0, 30, size=16))
+  step = jax.value_and_grad(lambda s, tau: L.smooth_topk_svm_loss(s, labels, 5, tau=tau, mode=mode,
+                                                                 reduction="mean"))
+  jax.block_until_ready(step(scores, 1.0))  # compiles
+  others = [(scores * 1.5, 1.0), (scores * 0.5, 0.3)]
+  compiled = _compiles_during(lambda: [jax.block_until_ready(step(s, tau)) for s, tau in others])
+  assert not compiled, compiled
+
+
 # ---------------------------------------------------------------- soft error
 
 
