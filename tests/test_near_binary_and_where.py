@@ -207,8 +207,12 @@ def check_near_binary(solver, name, x, k, l):
     hp = ref.dense_mask_row_hp(x[r], k[r], l[r], name)
     lam_ref = float(hp["lam"])
     ulp = float(np.spacing(np.asarray(abs(lam_ref), dtype)))
-    # lam to a few ulps; each z_i then to delta_i (x_i - lam rounded once)
-    assert abs(lam[r] - lam_ref) <= 4 * ulp, (r, lam[r], lam_ref)
+    # lam to a few ulps of itself and of the distances x_i - lam that set it (those
+    # rounded once: phi is known to a relative eps |x_i - lam| / l per entry); each z_i
+    # then to delta_i
+    relevant = hp["dk"] >= 1e-6 * hp["dk"].max()
+    spread = np.abs(x[r].astype(np.float64) - lam_ref)[relevant].max()
+    assert abs(lam[r] - lam_ref) <= 4 * ulp + 4 * eps * spread, (r, lam[r], lam_ref)
     delta = 8 * (4 * ulp + eps * (np.abs(x[r].astype(np.float64)) + abs(lam_ref))) / l[r]
     rel = np.expm1(2 * delta.max())
     tail = np.minimum(hp["y"], 1 - hp["y"])
