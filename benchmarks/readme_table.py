@@ -1,21 +1,22 @@
 #!/usr/bin/env python
 """The README's benchmark table, from the JSON written by ``bench_topk.py``.
 
-Prints a compact Markdown table (cell, hard fwd ms, and the soft fwd+bwd / hard fwd
-ratio of: the default solver at p = 4/3 and p = 2, the threshold solver and the PAV
-solver at p = 4/3, and any other solver of the run at p = 4/3), or, with ``--write
-FILE``, replaces the text between the lines ``<!-- bench-matrix:start -->`` and
+:func:`table` builds a compact Markdown table (cell, hard fwd ms, and the soft fwd+bwd /
+hard fwd ratio of: the default solver at p = 4/3 and p = 2, the threshold solver and the
+PAV solver at p = 4/3, and any other solver of the run at p = 4/3).
+``benchmarks/doc_figures.py`` writes it into README.md, with every other speed figure of
+the README and docs/, from the committed results; this script prints it, or, with
+``--write FILE``, replaces the text between the lines ``<!-- bench-matrix:start -->`` and
 ``<!-- bench-matrix:end -->`` in FILE by it (for a JSON of ``--mode ingraph``:
 ``<!-- bench-matrix-ingraph:start -->`` and ``<!-- bench-matrix-ingraph:end -->``;
-``--block NAME`` picks other markers). If FILE lacks the markers, says so and exits
-with status 1.
+``--block NAME`` picks other markers), e.g. to see a new run's table before it is
+committed. If FILE lacks the markers, says so and exits with status 1.
 
 Usage::
 
     python benchmarks/readme_table.py                                  # print
-    python benchmarks/readme_table.py --write README.md                # update README
-    python benchmarks/readme_table.py benchmarks/results/cpu_matrix.json --write README.md
-    python benchmarks/readme_table.py benchmarks/results/cpu_matrix_ingraph.json --write README.md
+    python benchmarks/readme_table.py /tmp/run.json                    # another run
+    python benchmarks/doc_figures.py                  # README.md and docs/ from the results
 """
 
 from __future__ import annotations

@@ -1,0 +1,129 @@
+"""The speed figures of README.md and docs/ are those of the committed results files.
+
+``benchmarks/doc_figures.py`` writes every marked figure (blocks between
+``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, inline figures between
+``<!-- fig:SPEC -->`` and ``<!-- /fig -->``) from ``benchmarks/results/*.json`` and
+``examples/results/*.json``. Here every page is regenerated in memory and compared with
+the file, and the pages are scanned for speed figures (``1.75x``, ``3.2 ms``, ``82 s``)
+outside the markers. Fast: no JAX, no timing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+_SPEC = importlib.util.spec_from_file_location("doc_figures", ROOT / "benchmarks" / "doc_figures.py")
+doc_figures = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(doc_figures)
+
+RESULTS = doc_figures.load_results()
+PAGES = [pathlib.Path(p) for p in doc_figures.doc_files()]
+
+# A ratio (1.75x, 2.0-4.2x; not a shape such as 16384x64 or "64 x 1e5") or a time with
+# its unit (0.96 ms, 10 us, 40-80 ns, 1.5 s, 31 to 340 ms, 2 seconds).
+_NUMBER = r"\d+(?:\.\d+)?"
+_RANGE = rf"{_NUMBER}(?:\s?(?:-|–|to)\s?{_NUMBER})?"
+SPEED = re.compile(rf"(?<![\w.]){_RANGE}(?:x(?![\w])|\s(?:ms|us|µs|ns|s|seconds|milliseconds|minutes)(?![\w]))")
+
+# Figures outside the markers that are not measurements: (page, the figure, a phrase of
+# its context that must stay next to it, why). Nothing else is let through.
+NOT_MEASURED = [
+    ("docs/scaling.md", "40 seconds", "exceeded", "an error message of XLA, quoted"),
+    ("docs/layout.md", "2 seconds", "says so once", "the start-up log's threshold"),
+    ("docs/guides/pruning.md", "82 s", "examples/magnitude_pruning.py",
+     "the run time of an example, stated next to its command"),
+]
+
+
+def _outside_markers(text: str):
+  spans = doc_figures.marked_spans(text)
+  for m in SPEED.finditer(text):
+    if not any(a <= m.start() < b for a, b in spans):
+      yield m
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_marked_figures_match_the_results(page):
+  text = page.read_text(encoding="utf-8")
+  rendered = doc_figures.render(text, RESULTS)
+  if rendered != text:
+    old, new = text.splitlines(), rendered.splitlines()
+    first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    pytest.fail(f"{page.relative_to(ROOT)} line {first + 1} differs from the committed results: "
+                f"{old[first] if first < len(old) else ''!r} should read "
+                f"{new[first] if first < len(new) else ''!r} "
+                "(python benchmarks/doc_figures.py rewrites it)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_speed_figure_outside_the_markers(page):
+  rel = str(page.relative_to(ROOT))
+  text = page.read_text(encoding="utf-8")
+  allowed = [(fig, ctx) for p, fig, ctx, _ in NOT_MEASURED if p == rel]
+  loose = []
+  for m in _outside_markers(text):
+    context = text[max(0, m.start() - 120):m.end() + 120]
+    if any(m.group(0) == fig and ctx in context for fig, ctx in allowed):
+      continue
+    line = text.count("\n", 0, m.start()) + 1
+    loose.append(f"line {line}: {m.group(0)!r}")
+  assert not loose, (f"{rel}: speed figures not written from the results files (mark them "
+                     f"for benchmarks/doc_figures.py): {loose}")
+
+
+def test_the_pages_have_marked_figures():
+  """The README's tables and summary and the guide's figures are marked (else the
+  comparison above checks nothing)."""
+  readme = (ROOT / "README.md").read_text(encoding="utf-8")
+  for name in ("bench-matrix", "bench-matrix-ingraph", "bench-summary"):
+    assert f"<!-- {name}:start -->" in readme, name
+  choosing = (ROOT / "docs" / "guides" / "choosing.md").read_text(encoding="utf-8")
+  assert len(doc_figures.INLINE.findall(choosing)) >= 4
+  used = set()
+  for page in PAGES:
+    used |= {m["name"] for m in doc_figures.BLOCK.finditer(page.read_text(encoding="utf-8"))}
+  assert set(doc_figures.BLOCKS) <= used, f"blocks no page uses: {set(doc_figures.BLOCKS) - used}"
+
+
+def test_a_stale_figure_fails():
+  """A figure edited by hand, or a results file that moved on, makes the page differ."""
+  page = ROOT / "docs" / "guides" / "choosing.md"
+  text = page.read_text(encoding="utf-8")
+  m = next(m for m in doc_figures.INLINE.finditer(text) if m["spec"].startswith("ratio|"))
+  stale = text[:m.start("text")] + "3.24x" + text[m.end("text"):]
+  assert doc_figures.render(stale, RESULTS) == text != stale
+  # The same page against results in which that cell's ratio changed.
+  kind, stem, cell, contender = m["spec"].split("|")
+  moved = json.loads(json.dumps(RESULTS))
+  doc_figures.matrix_record(moved, stem, cell, contender)["ratio"] *= 1.5
+  assert doc_figures.render(text, moved) != text
+  # A table row: the README's per-call table against a changed hard-mask time.
+  readme = (ROOT / "README.md").read_text(encoding="utf-8")
+  moved = json.loads(json.dumps(RESULTS))
+  moved["cpu_matrix"]["cells"][0]["records"][0]["median_s"] = 1.0
+  assert doc_figures.render(readme, moved) != readme
+
+
+def test_the_scan_sees_loose_figures():
+  """The scanner finds ratios and times outside the markers, not shapes or the marked ones."""
+  text = ("Ours is 1.75x, 2.0-4.2x and 0.96 ms against 99 ms (31 to 340 ms, 40-80 ns); "
+          "shapes 16384x64 and 64 x 1e5 are not figures; "
+          "<!-- fig:ratio|cpu_matrix|router 16384x64 k=2|soft auto p=4/3 -->1.75x<!-- /fig -->")
+  found = [m.group(0) for m in _outside_markers(text)]
+  assert found == ["1.75x", "2.0-4.2x", "0.96 ms", "99 ms", "31 to 340 ms", "40-80 ns"]
+
+
+def test_unknown_markers_are_errors():
+  with pytest.raises(KeyError, match="unknown figure block"):
+    doc_figures.render("<!-- no-such-block:start -->\n<!-- no-such-block:end -->", RESULTS)
+  with pytest.raises(KeyError, match="no cell"):
+    doc_figures.render("<!-- fig:ratio|cpu_matrix|no such cell|soft auto p=4/3 -->1x<!-- /fig -->",
+                       RESULTS)
+  with pytest.raises(ValueError, match="inline figure"):
+    doc_figures.render("<!-- fig:nonsense -->1x<!-- /fig -->", RESULTS)
