@@ -127,3 +127,36 @@ def test_unknown_markers_are_errors():
                        RESULTS)
   with pytest.raises(ValueError, match="inline figure"):
     doc_figures.render("<!-- fig:nonsense -->1x<!-- /fig -->", RESULTS)
+
+
+# ---------------------------------------------------------------- API at a glance
+
+DEPRECATED_KEYWORDS = {"l", "topk"}  # still accepted with a DeprecationWarning until 0.3.0
+
+
+def test_api_at_a_glance_lists_every_argument():
+  """Every public function has a row in docs/operators.md's "API at a glance" that names
+  each of its arguments (deprecated aliases aside)."""
+  import inspect
+
+  import implicit_topk
+
+  text = (ROOT / "docs" / "operators.md").read_text(encoding="utf-8")
+  section = text[text.index("## API at a glance"):]
+  section = section[:section.index("\n## ", 1)]
+  rows = [line for line in section.splitlines() if line.startswith("| `")]
+  missing = {}
+  for name in implicit_topk.__all__:
+    fn = getattr(implicit_topk, name)
+    if not inspect.isfunction(fn):
+      continue
+    row = next((r for r in rows if re.search(rf"`{name}`", r.split("|")[1])), None)
+    if row is None:
+      missing[name] = "no row"
+      continue
+    params = [p.name for p in inspect.signature(fn).parameters.values()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in DEPRECATED_KEYWORDS]
+    absent = [p for p in params if not re.search(rf"\b{p}\b", row)]
+    if absent:
+      missing[name] = absent
+  assert not missing, f"docs/operators.md, API at a glance, lacks: {missing}"
