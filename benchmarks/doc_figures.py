@@ -15,8 +15,10 @@ the JSON files of ``benchmarks/results/`` (and, for the examples' timings,
     cell of ``bench_topk.py``'s JSON ``STEM.json``, as its tables print it (``1.75x``);
   - ``ms|STEM|CELL|CONTENDER``: that contender's median time (``4.08``, milliseconds);
   - ``value|STEM|PATH|FORMAT[|SCALE]``: any number of a results file: ``PATH`` is dotted,
-    a list is indexed by ``[key=value,...]`` (the one element with those fields);
-    the value, times ``SCALE``, is written with the Python format ``FORMAT``.
+    a list is indexed by position (``rows.0``) or by ``[key=value,...]`` (the one
+    element with those fields);
+    a key may contain dots (the longest matching key wins); the value, times ``SCALE``,
+    is written with the Python format ``FORMAT``.
 
 ``python benchmarks/doc_figures.py`` rewrites every marked figure of README.md and
 docs/**/*.md; ``--check`` writes nothing and exits with status 1 if any file differs
@@ -96,7 +98,9 @@ def _select(node, part):
   match = re.fullmatch(r"(?P<key>[^\[\]]*)(?:\[(?P<filter>[^\]]*)\])?", part)
   if match is None:
     raise KeyError(f"bad path element {part!r}")
-  if match["key"]:
+  if match["key"] and isinstance(node, list) and match["key"].isdigit():
+    node = node[int(match["key"])]
+  elif match["key"]:
     node = node[match["key"]]
   if match["filter"] is not None:
     conditions = dict(item.split("=", 1) for item in match["filter"].split(","))
@@ -107,10 +111,26 @@ def _select(node, part):
   return node
 
 
+def _split_path(node, path):
+  """The first element of a dotted ``path`` and the rest. A dict's key may hold dots
+  itself (``"soft auto p=4/3"``, ``"lax.scan"``): the longest key of ``node`` that the
+  path starts with, up to a dot or the end, wins."""
+  if isinstance(node, dict):
+    for end in sorted({i for i, ch in enumerate(path) if ch == "."} | {len(path)}, reverse=True):
+      head = path[:end]
+      key = re.sub(r"\[[^\]]*\]$", "", head)
+      if key in node and (end == len(path) or path[end] == "."):
+        return head, path[end + 1:]
+  head, _, rest = path.partition(".")
+  return head, rest
+
+
 def value(results, stem, path):
   """The number at the dotted ``path`` of ``stem.json`` (see the module docstring)."""
   node = _source(results, stem)
-  for part in path.split("."):
+  rest = path
+  while rest:
+    part, rest = _split_path(node, rest)
     try:
       node = _select(node, part)
     except (KeyError, IndexError, TypeError) as e:
@@ -309,6 +329,17 @@ def softjax_skipped(results) -> str:
   return _wrap(text)
 
 
+def topk_loss_strength(results) -> str:
+  """docs/guides/choosing.md: examples/topk_loss_strength.py's table."""
+  result = _source(results, "topk_loss_strength")
+  lines = ["| loss | test top-1 | test top-5 | no gradient, start | no gradient, end |",
+           "|:---|---:|---:|---:|---:|"]
+  for r in result["summary"]:
+    lines.append(f"| {r['method']} | {r['top1']:.3f} | {r['top5']:.3f} | "
+                 f"{r['no_grad_start']:.0%} | {r['no_grad_end']:.0%} |")
+  return "\n".join(lines) + "\n"
+
+
 #: Block name -> function(results) -> the Markdown between the markers.
 BLOCKS: dict[str, Callable[[dict], str]] = {
     "bench-matrix": lambda results: readme_table.table(results["cpu_matrix"]),
@@ -318,6 +349,7 @@ BLOCKS: dict[str, Callable[[dict], str]] = {
     "ott-table": ott_table,
     "pav-summary": pav_summary,
     "softjax-skipped": softjax_skipped,
+    "topk-loss-strength": topk_loss_strength,
 }
 
 
