@@ -20,7 +20,7 @@ top-5 term), at the start and at the end of training; mean over 3 seeds.
 
 Usage::
 
-    python examples/topk_loss_strength.py            # about a minute on 2 CPU cores
+    python examples/topk_loss_strength.py            # a few minutes on a busy 2-core CPU
     python examples/topk_loss_strength.py --quick    # a few steps, for the tests
 """
 
