@@ -6,8 +6,12 @@ For x of shape (rows, n) placed with NamedSharding(mesh, P(None, "d")) on 8 host
 compiles under jax.jit and reports, per method, the collectives in the compiled HLO (count
 and the largest payload in bytes) and the median wall time of a call:
 
-* soft_topk_mask / soft_topk_mag (the sort-free threshold Newton, default solver): one
-  all-reduce of per-row scalars per iteration;
+* soft_topk_mask / soft_topk_mag with the default solver: on CPU the native kernel, whose
+  calls are custom-partitioned (``implicit_topk.kernels.cpu.partitioning``): with the
+  reduced axis split, each device runs the sort-free threshold Newton on its block, one
+  all-reduce of per-row scalars per iteration, and no entry of x moves (before, XLA
+  all-gathered the axis for the kernel); their gradients the same way;
+* the same with ``solver="threshold"`` (pure JAX, psum'd reductions);
 * the same under shard_map with axis_name="d";
 * a sort-based alternative: jnp.sort along the sharded axis (what a sort-based soft
   top-k, or a threshold from a sorted sample, needs first), and lax.top_k + scatter
@@ -77,6 +81,12 @@ def main(shapes=((4, 8192), (4, 1 << 17))):
     methods = {
         "soft_topk_mask (jit, sharded)": lambda z: itk.soft_topk_mask(z, k, regularization_strength=0.1),
         "soft_topk_mag (jit, sharded)": lambda z: itk.soft_topk_mag(z, k, regularization_strength=0.1),
+        "grad of sum(w * soft_topk_mask) (jit, sharded)": jax.grad(
+            lambda z: jnp.sum(jnp.cos(z) * itk.soft_topk_mask(z, k, regularization_strength=0.1))),
+        "grad of sum(w * soft_topk_mag) (jit, sharded)": jax.grad(
+            lambda z: jnp.sum(jnp.cos(z) * itk.soft_topk_mag(z, k, regularization_strength=0.1))),
+        "soft_topk_mask solver='threshold' (jit, sharded)": lambda z: itk.soft_topk_mask(
+            z, k, regularization_strength=0.1, solver="threshold"),
         "soft_topk_mask (shard_map, axis_name)": jax.shard_map(
             lambda z: itk.soft_topk_mask(z, k, regularization_strength=0.1, axis_name="d"), mesh=mesh,
             in_specs=spec, out_specs=spec),

@@ -176,10 +176,15 @@ def group_partitioning(mesh):
   w0 = jnp.cos(3 * x0)
   batch = NamedSharding(mesh, P("d", None))
   x, w = jax.device_put(x0, batch), jax.device_put(w0, batch)
-  for name, kernel in (("mask", "implicit_topk_capped_simplex_"), ("mag", "implicit_topk_magnitude_")):
-    op = ops[name]
+  native = functools.partial(ops["mask"], solver="native")
+  for name, op, kernel, grad_kernel in (
+      ("mask", ops["mask"], "implicit_topk_capped_simplex_", "implicit_topk_capped_simplex_"),
+      ("mag", ops["mag"], "implicit_topk_magnitude_", "implicit_topk_magnitude_"),
+      ("mask native", native, "implicit_topk_capped_simplex_",
+       "implicit_topk_capped_simplex_cotangent_")):
     loss_grad = jax.grad(lambda z, w_, op=op: jnp.sum(op(z) * w_))
     for what, fn, args in (("fwd", op, (x,)), ("grad", loss_grad, (x, w))):
+      kernel = grad_kernel if what == "grad" else kernel
       tag = f"batch-sharded {name} {what}"
       with jax.set_mesh(mesh):
         compiled = jax.jit(fn).lower(*args).compile()
@@ -296,10 +301,18 @@ def main(groups):
                                  names=("mask", "mag"), jvp=True),
                        group_jit(mesh, shapes=((4, 64),), dtypes=(jnp.float64,),
                                  names=("mask", "mag", "mask_sigmoid"), dense=True),
+                       # solver="native": the derivative kernels' sharded forms too
+                       group_jit(mesh, shapes=((4, 8192),), dtypes=(jnp.float32,), names=("mask",),
+                                 jvp=True, label="auto native", options=dict(solver="native")),
+                       group_jit(mesh, shapes=((4, 64),), dtypes=(jnp.float64,),
+                                 names=("mask_p2", "mask_p1.5"), jvp=True,
+                                 dense=True, label="auto native", options=dict(solver="native")),
                        group_partitioning(mesh),
                        group_shard_map(mesh, shapes=((4, 64),), names=("mask",), full=False),
                        group_errors(mesh)),
       "jit": lambda: group_jit(mesh, jvp=True, dense=True),
+      "jit_native": lambda: group_jit(mesh, jvp=True, dense=True, label="auto native",
+                                      options=dict(solver="native")),
       "jit_threshold": lambda: group_jit(mesh, shapes=((4, 8192),), label="auto threshold",
                                          options=dict(solver="threshold")),
       "jit_explicit": lambda: group_jit(explicit, shapes=((4, 8192),), dtypes=(jnp.float32,),

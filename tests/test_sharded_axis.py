@@ -36,6 +36,8 @@ def test_issue_case_and_shard_map_without_gather():
   for line in ("jit[auto] mask (4, 8192) float32 fwd HLO", "jit[auto] mask (4, 8192) float32 grad HLO",
                "jit[auto] mag (4, 8192) float32 fwd HLO", "jit[auto] mag (4, 8192) float32 grad HLO",
                "jit[auto] mask (4, 8192) float32 jvp:", "jit[auto] mag (4, 64) float64 grad:",
+               "jit[auto native] mask (4, 8192) float32 grad HLO",
+               "jit[auto native] mask_p1.5 (4, 64) float64 jvp HLO",
                "batch-sharded mask grad HLO", "2-D mesh mag grad HLO",
                "unpartitioned kernel: the HLO check sees its gather", "shard_map mask (4, 64) fwd HLO",
                "error replicated input"):
@@ -48,6 +50,7 @@ def test_issue_case_and_shard_map_without_gather():
 # repeated here: the default run's "fast" group runs it.
 _SLOW_GROUPS = {
     "jit": "jit[auto] mask_laplace (4, 64) float64 jvp",
+    "jit_native": "jit[auto native] mask_entropy (4, 64) float64 jvp",
     "jit_threshold": "jit[auto threshold] mag (4, 8192) float64 grad",
     "jit_explicit": "jit[explicit] mag (4, 8192) float32 grad HLO",
     "shard_map": "shard_map mask (4, 8192) where",

@@ -46,6 +46,7 @@ def call(name: str, results: Sequence[jax.ShapeDtypeStruct], *args, **attributes
   device's rows) and ``vmap`` adds a leading batch axis to every operand. Inside
   ``shard_map`` the results vary over the mesh axes the arguments vary over.
   """
+  _lower_with_devices()
   avals = tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in results)
   return tuple(_native_call.bind(*args, target=name, results=avals,
                                  attributes=tuple(sorted(attributes.items()))))
@@ -189,6 +190,7 @@ def linear_call(name: str, transpose_name: str, results, transposed, primals, ta
   first order and nothing is lost at higher orders. Reverse-mode differentiation
   through a ``jax.custom_jvp`` rule that calls this transposes it with the
   ``transpose_name`` kernel (whose transpose is ``name`` again)."""
+  _lower_with_devices()
   avals = lambda shapes: tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in shapes)
   outs = _linear_call.bind(*primals, *tangents, target=name, transpose_target=transpose_name,
                            results=avals(results), transposed=avals(transposed),
@@ -246,8 +248,26 @@ _linear_call.def_impl(lambda *args, **params: jax.jit(
 mlir.register_lowering(_linear_call, mlir.lower_fun(_linear_impl, multiple_results=True),
                        platform="cpu")
 batching.primitive_batchers[_linear_call] = _batched(_linear_call, "results", "transposed")
-# Lowered with the device assignment in hand (as jax's custom_partitioning is): without it
-# a nested jit's calls could not be partitioned (see _partitions).
-dispatch.prim_requires_devices_during_lowering.update((_native_call, _linear_call))
 ad.primitive_transposes[_linear_call] = _linear_transpose
 ad.primitive_jvps[_linear_call] = _linear_jvp
+
+
+_LOWERS_WITH_DEVICES = []
+
+
+def _lower_with_devices() -> None:
+  """In a process with several CPU devices, the calls are lowered with the device
+  assignment in hand (as jax's own ``custom_partitioning`` is): without it the calls in
+  a nested ``jit`` see no devices and could not be partitioned (:func:`_partitions`).
+  Done on the first call, and only there: ``jax.export`` with shardings on an
+  ``AbstractMesh`` (no devices) refuses such primitives, so a one-device process keeps
+  that, its calls never being partitioned anyway."""
+  if _LOWERS_WITH_DEVICES:
+    return
+  try:
+    several = len(jax.devices("cpu")) > 1
+  except RuntimeError:
+    several = False
+  if several:
+    dispatch.prim_requires_devices_during_lowering.update((_native_call, _linear_call))
+  _LOWERS_WITH_DEVICES.append(several)
