@@ -85,7 +85,10 @@ class NativeSolver(ThresholdRootSolver):
   y^{p-1}`, can be nonzero, and the same Newton iteration runs on those; its output
   map and derivatives are the problem's JAX code.
   The kernel is an XLA custom call, not a host callback: it exports with
-  ``jax.export`` and runs per shard of a batch-sharded input. Derivatives come from
+  ``jax.export`` and runs per shard of a batch-sharded input; under ``jit`` with the
+  reduced axis split over devices each device runs the threshold iteration on its block
+  with ``psum`` over the split (:mod:`implicit_topk.kernels.cpu.partitioning`), so the
+  axis is never gathered. Derivatives come from
   the implicit function theorem (Blondel et al. 2022, "Efficient and modular implicit
   differentiation", NeurIPS). ``iter_num`` reports the kernel's Newton passes (0 for
   rows answered in closed form).

@@ -13,7 +13,11 @@ ordinary custom call in the compiled module, so it
   runs the exported function registers the targets with
   :func:`implicit_topk.register_kernels`);
 * keeps a batch-sharded input sharded (the targets are registered as batch
-  partitionable: each device runs the kernel on its own rows).
+  partitionable: each device runs the kernel on its own rows), and a reduced axis
+  split over devices split: under ``jit`` on several devices each call is
+  custom-partitioned (:mod:`implicit_topk.kernels.cpu.partitioning`), so that XLA runs
+  the threshold iteration with ``psum`` on each device's block where the axis is split,
+  instead of gathering it for the kernel.
 
 This module is the JAX side and imports nothing of numba: the handler protocol is
 :mod:`implicit_topk.kernels.cpu.abi`, and the handlers are compiled and registered on

@@ -141,12 +141,16 @@ SHARDED_FORMS = _sharded_forms()
 
 def has_sharded_form(target: str) -> bool:
   """Whether the target ``target`` has a per-device form for a split reduced axis."""
+  return _family(target) in SHARDED_FORMS
+
+
+def _family(target: str) -> str | None:
+  """The kernel family of a target name ``implicit_topk_<family>_<dtype>``
+  (:func:`implicit_topk.kernels.cpu.registry.target`)."""
   from implicit_topk.kernels.cpu import registry
-  try:
-    family, _ = registry._parse(target)  # pylint: disable=protected-access
-  except ValueError:
-    return False
-  return family in SHARDED_FORMS
+  if not target.startswith(registry.PREFIX):
+    return None
+  return target[len(registry.PREFIX):].rsplit("_", 1)[0]
 
 
 # -- the custom partitioning -------------------------------------------------------
@@ -201,13 +205,11 @@ def _partition(call: Call, mesh, operand_shapes, result_shapes):
   per-device function. The batch axes keep ``x``'s sharding; the reduced axis keeps
   it too where the target has a sharded form and the axis splits evenly, else it is
   made whole (XLA gathers it: the kernel's behaviour before)."""
-  from implicit_topk.kernels.cpu import registry
   x = operand_shapes[0]
   ndim = len(x.shape)
   spec = _spec(x.sharding, ndim) if isinstance(x.sharding, NamedSharding) else (None,) * ndim
   batch, reduced = spec[:-1], spec[-1]
-  family, _ = registry._parse(call.target)  # pylint: disable=protected-access
-  form = SHARDED_FORMS.get(family)
+  form = SHARDED_FORMS.get(_family(call.target))
   if reduced is not None and (form is None or x.shape[-1] % _axis_size(mesh, reduced)):
     reduced = None
   full, row = NamedSharding(mesh, P(*batch, reduced)), NamedSharding(mesh, P(*batch))
