@@ -99,7 +99,7 @@ def _select_m(logits: jax.Array, labels: jax.Array, m: int) -> tuple[jax.Array, 
 
 
 def _memberships(method, scores, ks, *, l, p, regularizer, solver, inverse_temperature, distribution,
-                 art_lambda, num_samples, key):
+                 art_lambda, num_samples, key, standardize=False):
   """P(j in top-k) for each k in ks: shape batch + (len(ks), n)."""
   if callable(method):
     return method(scores, ks)
@@ -109,7 +109,8 @@ def _memberships(method, scores, ks, *, l, p, regularizer, solver, inverse_tempe
     k_arr = jnp.asarray(ks, scores.dtype).reshape((len(ks),) + (1,) * len(batch))
     stacked = jnp.broadcast_to(scores, (len(ks),) + scores.shape)
     y = ops.soft_topk_mask(stacked, jnp.broadcast_to(k_arr, (len(ks),) + batch),
-                           regularization_strength=l, p=p, regularizer=regularizer, solver=solver)
+                           regularization_strength=l, p=p, regularizer=regularizer, solver=solver,
+                           standardize=standardize)
     return jnp.moveaxis(y, 0, -2)
   tau = 1.0 / inverse_temperature
   if method == "neuralsort":
@@ -149,6 +150,7 @@ def topk_cross_entropy(
     key: jax.Array | None = None,
     eps: float = 1e-7,
     reduction: str = "none",
+    standardize: bool = False,
     l: ArrayLike | None = None,
 ) -> jax.Array:
   r"""Top-k cross-entropy (Petersen et al. 2022) on a soft top-k operator, one loss per example.
@@ -186,6 +188,10 @@ def topk_cross_entropy(
   every relaxed top-k, as with a hard top-k). With ``top1_mode="sm"`` and ``p_k[0] > 0``
   the softmax term keeps :math:`D_c > 0` and a gradient always flows; that is the only
   setting where ``eps=0`` is accepted (otherwise the loss could be :math:`+\infty`).
+  With an absolute strength the relaxed top-k narrows as training sharpens the logits,
+  and more labels fall out of it: for a ``p_k`` without weight on ``k = 1``, take a
+  strength on the scale of the spread of the logits or ``standardize=True``
+  (``docs/guides/choosing.md``, "The top-k losses", measures both).
 
   Where we differ from difftopk: the default operator is our sparse mask
   (``regularization_strength``, ``p``/``regularizer``, ``solver``); the membership for a sorting network is
@@ -215,6 +221,10 @@ def topk_cross_entropy(
     eps: the probability floor, 0 <= eps < 0.5 (see above).
     reduction: ``"none"`` (default: one loss per example), ``"mean"`` (difftopk's) or
       ``"sum"``.
+    standardize: the sparse mask's ``standardize`` (``method="sparse"``): if True, the
+      strength is relative to the spread of each row of logits (times its standard
+      deviation, see :func:`~implicit_topk.soft_topk_mask`), so the relaxation does not
+      narrow as the logits grow. Default False: the strength is absolute.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0).
 
   Returns:
@@ -244,6 +254,9 @@ def topk_cross_entropy(
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
   if not callable(method):
     _validation.check_choice(method, "method", METHODS)
+  if standardize and method != "sparse":
+    raise ValueError(f"`standardize=True` applies to the sparse mask (method='sparse'); got "
+                     f"method={method!r}.")
   n = logits.shape[-1]
   kmax = len(p_k)
   if m is not None:
@@ -268,7 +281,8 @@ def topk_cross_entropy(
   if ks:
     q = _memberships(method, scores, ks, l=l, p=p, regularizer=regularizer, solver=solver,
                      inverse_temperature=inverse_temperature, distribution=distribution,
-                     art_lambda=art_lambda, num_samples=num_samples, key=key)
+                     art_lambda=art_lambda, num_samples=num_samples, key=key,
+                     standardize=standardize)
     q_label = jnp.take_along_axis(q, labels[..., None, None], axis=-1)[..., 0]  # (..., len(ks))
     weights = jnp.asarray([p_k[k - 1] for k in ks], dtype)
     d_rest = jnp.sum(weights * q_label, axis=-1)

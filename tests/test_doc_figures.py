@@ -41,9 +41,56 @@ NOT_MEASURED = [
 ]
 
 
+# A table column of speed figures: its header names a time unit, a time or a ratio.
+SPEED_COLUMN = re.compile(r"\b(?:ms|us|µs|ns|s|seconds|time|ratio|speed-?up)\b|/ hard", re.I)
+_CELL_NUMBER = re.compile(rf"(?<![\w.]){_NUMBER}(?![\w.])")
+
+
+class _Figure:
+  """A figure found by the scan: where it starts and its text (as a regex match)."""
+
+  def __init__(self, start: int, text: str):
+    self._start, self._text = start, text
+
+  def start(self):
+    return self._start
+
+  def end(self):
+    return self._start + len(self._text)
+
+  def group(self, _=0):
+    return self._text
+
+
+def _table_figures(text: str):
+  """The numbers in the speed columns of the Markdown tables of ``text``."""
+  lines = text.splitlines(keepends=True)
+  offsets = [0]
+  for line in lines:
+    offsets.append(offsets[-1] + len(line))
+  i = 0
+  while i < len(lines):
+    if not (lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"\|\s*:?-", lines[i + 1])):
+      i += 1
+      continue
+    header = lines[i].strip().strip("|").split("|")
+    columns = {c for c, cell in enumerate(header) if SPEED_COLUMN.search(cell)}
+    j = i + 2
+    while j < len(lines) and lines[j].startswith("|"):
+      pos = offsets[j] + 1
+      for c, cell in enumerate(lines[j].rstrip("\n").strip("|").split("|")):
+        if c in columns:
+          for m in _CELL_NUMBER.finditer(cell):
+            yield _Figure(pos + m.start(), m.group(0))
+        pos += len(cell) + 1
+      j += 1
+    i = j
+
+
 def _outside_markers(text: str):
   spans = doc_figures.marked_spans(text)
-  for m in SPEED.finditer(text):
+  found = sorted([*SPEED.finditer(text), *_table_figures(text)], key=lambda m: m.start())
+  for m in found:
     if not any(a <= m.start() < b for a, b in spans):
       yield m
 
@@ -117,6 +164,9 @@ def test_the_scan_sees_loose_figures():
           "<!-- fig:ratio|cpu_matrix|router 16384x64 k=2|soft auto p=4/3 -->1.75x<!-- /fig -->")
   found = [m.group(0) for m in _outside_markers(text)]
   assert found == ["1.75x", "2.0-4.2x", "0.96 ms", "99 ms", "31 to 340 ms", "40-80 ns"]
+  table = ("| shape | method | ms / call | passes |\n|---|---|---:|---:|\n"
+           "| (4, 8192) | mask | 10.0 | 3 |\n| (4, 65536) | mask | 28.1 | 4 |\n")
+  assert [m.group(0) for m in _outside_markers(table)] == ["10.0", "28.1"]
 
 
 def test_unknown_markers_are_errors():

@@ -48,6 +48,31 @@ def test_topk_ce_hand_values_and_exact_zero():
   assert np.all(np.isfinite(grad)) and np.all(grad[1] == 0)
 
 
+def test_topk_ce_standardize_matches_a_reference():
+  """standardize=True: the memberships are the mask at strength l * std(row) (an
+  independent reference solve), and the top-k terms do not move under c * x + b."""
+  import references
+
+  pk, l, eps = [0.0, 0.5, 0.0, 0.5], 0.7, 1e-7
+  ours = L.topk_cross_entropy(LOGITS, LABELS, p_k=pk, regularization_strength=l, standardize=True)
+  x, c = np.asarray(LOGITS), np.asarray(LABELS)
+  expected = []
+  for row, label in zip(x, c):
+    strength = l * row.std()
+    d = sum(w * references.soft_topk_mask(row, float(k), l=strength)[label]
+            for k, w in enumerate(pk, start=1) if w > 0 and k > 1)
+    expected.append(-math.log((1 - 2 * eps) * d + eps))
+  np.testing.assert_allclose(ours, expected, rtol=1e-9)
+  # Without weight on k = 1 the loss does not depend on the scale or shift of the logits.
+  moved = L.topk_cross_entropy(25.0 * LOGITS - 3.0, LABELS, p_k=pk, regularization_strength=l,
+                               standardize=True)
+  np.testing.assert_allclose(moved, ours, rtol=1e-9)
+  assert not np.allclose(L.topk_cross_entropy(25.0 * LOGITS, LABELS, p_k=pk, regularization_strength=l),
+                         L.topk_cross_entropy(LOGITS, LABELS, p_k=pk, regularization_strength=l))
+  with pytest.raises(ValueError, match="standardize"):
+    L.topk_cross_entropy(LOGITS, LABELS, p_k=pk, method="neuralsort", standardize=True)
+
+
 @pytest.mark.slow
 def test_topk_ce_grads():
   pk = [0.5, 0.0, 0.25, 0.25]
