@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from implicit_topk import _validation
 from implicit_topk import regularizers
-from implicit_topk.kernels.gpu import pallas_threshold, platform_select
 from implicit_topk.solvers.base import (CappedSimplexSolver, OptStep, RootState,
                                         ThresholdRootSolver)
 from implicit_topk.solvers.dykstra import DykstraSolver
@@ -106,13 +103,14 @@ class PlatformSolver(ThresholdRootSolver):
   r"""``solver="auto"``: one solver per platform, chosen when the function is lowered.
 
   Holds the solver :func:`auto_solver_name` picks for each platform (``cpu``, ``cuda``,
-  ``rocm`` and every ``other`` one) and runs their forward kernels under
-  :func:`implicit_topk.kernels.gpu.platform_select.platform_select`: the StableHLO
-  lowered for one platform holds only that platform's kernel (no case, no host round
-  trip), and a function exported for several platforms (``jax.export.export(...,
-  platforms=("cpu", "cuda"))``) carries each, lowered for its own platform. The
-  derivatives are the implicit function theorem's, in plain JAX, on every platform
-  (:func:`implicit_topk.solvers.pallas.implicit_tangent`). So lowering or exporting for CUDA on a
+  ``rocm`` and every ``other`` one) and runs them under ``jax.lax.platform_dependent``:
+  the StableHLO lowered for one platform holds only that platform's solver (behind a
+  ``stablehlo.case`` on a constant, which the compiler folds away before anything runs:
+  no host round trip), and a function exported for several platforms
+  (``jax.export.export(..., platforms=("cpu", "cuda"))``) carries each, the case then
+  being on the platform index that jax resolves before compiling. Each platform keeps
+  its solver's own derivatives (the native derivative kernels on CPU, one fused XLA
+  pass after the Pallas kernel on GPU). So lowering or exporting for CUDA on a
   CPU-only host gets the GPU kernel, not the CPU one. The solvers solve the same
   problem, so every platform returns the same thresholds (each to its own rounding).
 
@@ -152,84 +150,48 @@ class PlatformSolver(ThresholdRootSolver):
       object.__setattr__(new, platform, getattr(self, platform).with_layout(layout))
     return new
 
+  def _per_platform(self, method: str, *args):
+    _lower_cpu_calls_on_every_platform()
+    branches = {p: getattr(getattr(self, p), method) for p in ("cpu", "cuda", "rocm")}
+    return jax.lax.platform_dependent(*args, **branches, default=getattr(self.other, method))
+
   def _solve(self, init, x, k, l):
-    """``run``'s thresholds, by each platform's solver (not differentiated here:
-    ``run`` wraps it in the implicit function theorem)."""
-    solve = lambda solver: lambda *a: solver._solve(init, *a)  # pylint: disable=protected-access
-    return platform_select.platform_select(
-        (x, k, l), {p: solve(getattr(self, p)) for p in ("cpu", "cuda", "rocm")},
-        solve(self.other))
+    return self._per_platform("_solve", init, x, k, l)
 
   def solve_and_map(self, x, k, l):
-    """The output and diagnostics by each platform's kernel, chosen at lowering
-    (:mod:`implicit_topk.kernels.gpu.platform_select`: each branch lowered for its own
-    platform only, so the default exports for ``("cpu", "cuda")``), with the
-    derivatives of the implicit function theorem in plain JAX
-    (:func:`implicit_topk.solvers.pallas.implicit_tangent`, one fused pass) on every
-    platform. ``implicit_diff=False`` or the jaxopt backend: the base class's path."""
-    if not self.implicit_diff or self.implicit_diff_backend != "lax":
-      return super().solve_and_map(x, k, l)
-    x, k, l = self._per_row(x, k, l)
-    problem = self.problem
-    forwards = {p: _forward(getattr(self, p)) for p in ("cpu", "cuda", "rocm")}
-
-    @jax.custom_jvp
-    def operator(x, k, l):
-      return platform_select.platform_select((x, k, l), forwards, _forward(self.other))
-
-    @operator.defjvp
-    def operator_jvp(primals, tangents):
-      outs = operator(*primals)
-      _, lam, origin, _, _ = outs
-      x, k, l = primals
-      y_dot, lam_dot = _tangent(problem)(x, lam, origin, k, l, *tangents)
-      return outs, (y_dot, lam_dot, *(jnp.zeros_like(v) for v in outs[2:]))
-
-    y, _, _, passes, residual = operator(x, k, l)
-    state = RootState(iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32),
-                      residual=jax.lax.stop_gradient(residual))
-    return y, state
+    """Each platform's ``solve_and_map`` (its kernel and its own derivatives: the
+    native derivative kernels on CPU, the fused pass of
+    :func:`implicit_topk.solvers.pallas.implicit_tangent` on GPU), chosen at lowering."""
+    return self._per_platform("solve_and_map", x, k, l)
 
 
-def _tangent(problem):
-  from implicit_topk.solvers import pallas as _pallas  # pylint: disable=g-import-not-at-top
-  return jax.checkpoint(functools.partial(_pallas.implicit_tangent, problem),
-                        policy=jax.checkpoint_policies.nothing_saveable)
+_CPU_CALLS_LOWERED_EVERYWHERE = []
 
 
-def _forward(solver):
-  """``(x, k, l) -> (y, lam, origin, passes, residual)`` by ``solver``, not differentiated
-  (``lam`` relative to the normalized rows ``problem.shift(x, origin)``; passes as a float
-  of the dtype of ``x``)."""
-  problem = solver.problem
+def _lower_cpu_calls_on_every_platform() -> None:
+  """Lets the CPU kernels' calls appear in a module lowered for several platforms.
 
-  def forward(x, k, l):
-    dtype = x.dtype
-    if isinstance(solver, PallasSolver) and solver._fits(x):  # pylint: disable=protected-access
-      acc = pallas_threshold.accumulation_dtype(dtype)
-      batch, n = x.shape[:-1], x.shape[-1]
-      y, lam, origin, passes, _, residual = pallas_threshold.fused_rows(
-          problem, x.reshape(-1, n).astype(acc), k.reshape(-1).astype(acc),
-          l.reshape(-1).astype(acc), free_passes=solver.free_passes,
-          interpret=solver.interpret, num_warps=solver.num_warps,
-          block_elements=solver.block_elements)
-      rows = lambda v: v.reshape(batch).astype(dtype)
-      return (y.reshape(x.shape).astype(dtype), rows(lam), rows(origin), rows(passes),
-              rows(residual))
-    if isinstance(solver, NativeSolver) and not hasattr(problem, "native_threshold"):
-      from implicit_topk.kernels.cpu import native_calls  # pylint: disable=g-import-not-at-top
-      solver._check_dtype(x)  # pylint: disable=protected-access
-      y, lam, passes, residual, shift = native_calls.capped_simplex_kernel(
-          x, k, l, native_calls.kernel_attributes(problem.regularizer))
-      return y, lam, shift, passes.astype(dtype), residual.astype(dtype)
-    origin = pallas_threshold.normalization_origin(problem, x, l)
-    xn = pallas_threshold.normalized(problem, x, origin)
-    lam, passes = solver._solve(None, xn, k, l)  # pylint: disable=protected-access
-    residual = jnp.abs(problem.optimality(lam, xn, k, l))
-    return (problem.primal(lam, xn, l), lam, origin, passes.astype(dtype),
-            residual.astype(dtype))
+  ``jax.lax.platform_dependent`` lowers every branch for every platform of a
+  multi-platform lowering (jax 0.10, 0.11), so ``jax.export(..., platforms=("cpu",
+  "cuda"))`` of the default lowers the CPU branch's kernel calls for CUDA too, where
+  their primitives (:mod:`implicit_topk.kernels.cpu.ffi`) have no rule. There they are
+  lowered to the same typed custom call, without building the numba handler: the branch
+  is taken only on the CPU (jax resolves the platform case before compiling), and a
+  CUDA program that did reach it would fail to compile naming the CPU target, never
+  compute a wrong value. Lowering for the CPU keeps the kernels' own rules."""
+  if _CPU_CALLS_LOWERED_EVERYWHERE:
+    return
+  _CPU_CALLS_LOWERED_EVERYWHERE.append(True)
+  from jax.interpreters import mlir  # pylint: disable=g-import-not-at-top
+  from implicit_topk.kernels.cpu import ffi  # pylint: disable=g-import-not-at-top
 
-  return forward
+  def custom_call(ctx, *operands, target, results, attributes, **_):
+    del results
+    return jax.ffi.ffi_lowering(target)(ctx, *operands, **dict(attributes))
+
+  for primitive in (ffi._native_call, ffi._kernel_call, ffi._linear_call):  # pylint: disable=protected-access
+    for platform in ("cuda", "rocm", "tpu"):
+      mlir.register_lowering(primitive, custom_call, platform=platform)
 
 
 def resolve_solver_name(name: str, problem, *, diff: str = "implicit", tol=None,

@@ -181,14 +181,17 @@ class PallasSolver(ThresholdRootSolver):
     pallas_threshold.check_available()
 
   def _fits(self, x) -> bool:
-    return pallas_threshold.fits(x.shape[-1]) and x.size > 0
+    """Rows the kernel takes: concrete shapes (the block size is static), no empty
+    batch, rows of at most ``MAX_ROW_LENGTH`` entries. Decided by the shape only."""
+    concrete = all(isinstance(d, int) for d in x.shape)
+    return concrete and pallas_threshold.fits(x.shape[-1]) and x.size > 0
 
   def _solve(self, init, x, k, l):
     dtype, batch, n = x.dtype, x.shape[:-1], x.shape[-1]
     acc = pallas_threshold.accumulation_dtype(dtype)
     xa, ka, la = x.astype(acc), k.astype(acc), l.astype(acc)
     init_a = None if init is None else init.astype(acc)
-    if not self._fits(x):  # decided by the shape, never by the data
+    if not self._fits(x):  # decided by the shape, never by the data (symbolic: threshold)
       lam, iter_num = ThresholdSolver(problem=self.problem)._solve(init_a, xa, ka, la)  # pylint: disable=protected-access
       return lam.astype(dtype), iter_num
     flat = lambda v: None if v is None else v.reshape(-1)

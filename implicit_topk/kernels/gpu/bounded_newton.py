@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from implicit_topk.problems.base import midpoint
-from implicit_topk.solvers import threshold as _threshold
+import implicit_topk.solvers.threshold as _threshold
 
 #: Passes of the unconstrained safeguarded Newton iteration before the forced ordered
 #: bisections start (rows of normal scores stop after 3 to 12; the H100 measurement

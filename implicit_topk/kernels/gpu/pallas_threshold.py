@@ -59,7 +59,7 @@ import numpy as np
 
 from implicit_topk.kernels.gpu import bounded_newton, platform_select
 from implicit_topk.problems import layout as _layout
-from implicit_topk.solvers import threshold as _threshold
+import implicit_topk.solvers.threshold as _threshold
 
 #: The longest row the kernel takes (after padding to a power of two): 4096 entries of
 #: one row live in one program's registers or on-chip memory.
