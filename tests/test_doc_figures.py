@@ -5,7 +5,7 @@
 ``<!-- fig:SPEC -->`` and ``<!-- /fig -->``) from ``benchmarks/results/*.json`` and
 ``examples/results/*.json``. Here every page is regenerated in memory and compared with
 the file, and the pages are scanned for speed figures (``1.75x``, ``3.2 ms``, ``82 s``)
-outside the markers. Fast: no JAX, no timing.
+outside the markers. Fast: nothing is timed or compiled.
 """
 
 from __future__ import annotations
