@@ -35,6 +35,7 @@ NAMES = [
     "dykstra_snap",
     "support_budget",
     "pallas_bounded_iteration",
+    "complement_form",
 ]
 
 
