@@ -100,10 +100,25 @@ def test_default_forward_and_backward_lower_to_the_kernel_without_host_round_tri
     assert set(re.findall(r'custom_call @"?([^\s("]+)', text)) == {TRITON}, what
 
 
-def test_rows_longer_than_the_kernel_take_the_threshold_solver():
-  """64 x 1e4: the kernel takes rows of at most 4096 entries; longer rows go to the
-  pure-JAX threshold solver (its while loop is visible at the XLA level)."""
+def test_long_rows_lower_to_the_chunked_kernel():
+  """64 x 1e4: one program per row, the row read in chunks (rows of 4096 < n <= 65536)."""
   text = _lower(_fwd_bwd(MASK(100.0)), (64, 10_000))
+  assert text.count(TRITON) == 1 and "stablehlo.while" not in text
+  assert not _data_dependent_cases(text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,shape", [("mag", (64, 10_000)), ("mask", (8, 65_536))])
+def test_long_rows_lower_to_the_chunked_kernel_sweep(name, shape):
+  text = _lower(_fwd_bwd((MASK if name == "mask" else MAG)(10.0)), shape)
+  assert text.count(TRITON) == 1 and "stablehlo.while" not in text
+  assert not _data_dependent_cases(text)
+
+
+def test_rows_longer_than_the_kernels_take_the_threshold_solver():
+  """Beyond 65536 entries the pure-JAX threshold solver runs (its while loop is visible
+  at the XLA level: the documented exception)."""
+  text = _lower(MASK(100.0), (2, 70_000))
   assert TRITON not in text and "stablehlo.while" in text
 
 
@@ -128,7 +143,9 @@ def test_auto_is_chosen_per_platform_at_lowering():
   assert {p: solver.for_platform(p).name for p in ("cpu", "cuda", "rocm", "tpu")} == {
       "cpu": "native", "cuda": "pallas", "rocm": "pallas", "tpu": "threshold"}
   long_rows = itk.solvers.make_solver("auto", itk.problems.CappedSimplex(), row_length=10_000)
-  assert long_rows.for_platform("cuda").name == "threshold"
+  assert long_rows.for_platform("cuda").name == "pallas"
+  too_long = itk.solvers.make_solver("auto", itk.problems.CappedSimplex(), row_length=70_000)
+  assert too_long.for_platform("cuda").name == "threshold"
   assert itk.solvers.make_solver("auto", itk.problems.CappedSimplex(), sharded=True).name == "threshold"
 
 

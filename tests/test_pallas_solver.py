@@ -342,9 +342,33 @@ def test_layouts_other_than_whole_rows_are_refused():
     PallasSolver(implicit_diff=False).run(None, jnp.ones(3), 1.0, 1.0)
 
 
+def _long_rows():
+  rng = np.random.default_rng(40)
+  x = rng.normal(size=(2, 13)) * np.array([[1.0], [100.0]])
+  return x, np.array([3.0, 2.5]), np.array([0.5, 20.0])
+
+
+def test_the_chunked_kernel_for_long_rows_equals_the_reference():
+  """Rows read in chunks (one program per row; chunks of 4 on rows of 13 here, 2048 on
+  rows of 4096 < n <= 65536 on a GPU) against the float64 reference."""
+  x, k, l = _long_rows()
+  args = (CappedSimplex(), jnp.asarray(x), jnp.asarray(k), jnp.asarray(l))
+  y, _, _, passes, certified, _ = pallas_threshold.fused_rows(*args, chunk=4)
+  assert_close(y, mask_reference(x, k, l), mask_tolerance(x, k, l))
+  assert np.all(np.asarray(certified)) and np.all(np.asarray(passes) > 0)
+
+
+@slow
+def test_the_chunked_kernel_for_the_magnitude():
+  x, k, l = _long_rows()
+  y = pallas_threshold.fused_rows(Magnitude(), jnp.asarray(x), jnp.asarray(k), jnp.asarray(l),
+                                  chunk=4)[0]
+  assert_close(y, R.soft_topk_mag(x, k, l, 4.0 / 3.0), R.mag_tolerance(x, k, l, 4.0 / 3.0, eps=U64))
+
+
 @slow
 def test_rows_too_long_for_the_kernel_go_to_the_threshold_solver():
-  n = pallas_threshold.MAX_ROW_LENGTH + 1
+  n = 65536 + 1
   x = np.random.default_rng(0).normal(size=(2, n))
   y, info = run(solver(), x, 40.5, 0.1)
   y_threshold, info_threshold = _apply.threshold_operator(

@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk.kernels.gpu import bounded_newton, platform_select
+from implicit_topk.kernels.gpu import bounded_newton, pallas_long_rows, platform_select
 from implicit_topk.problems import layout as _layout
 import implicit_topk.solvers.threshold as _threshold
 
@@ -126,8 +126,10 @@ def padded_length(n: int) -> int:
 
 
 def fits(n: int) -> bool:
-  """Whether rows of length ``n`` fit in one program (``n <= MAX_ROW_LENGTH``)."""
-  return 1 <= n <= MAX_ROW_LENGTH
+  """Whether the kernels take rows of length ``n``: one block of rows per program up
+  to ``MAX_ROW_LENGTH``, one row per program read in chunks up to
+  ``pallas_long_rows.MAX_LONG_ROW`` (65536)."""
+  return 1 <= n <= pallas_long_rows.MAX_LONG_ROW
 
 
 def block_rows(batch: int, n_padded: int, *, interpret: bool,
@@ -147,15 +149,16 @@ def block_rows(batch: int, n_padded: int, *, interpret: bool,
   return 1 << (rows.bit_length() - 1)  # round down to a power of two
 
 
-def normalization_origin(problem, x, l):
+def normalization_origin(problem, x, l, layout=None):
   """The per-row origin that ``problem.normalize`` subtracts (0 for problems without
   a shift, e.g. the magnitude operator), so that ``problem.shift(x, origin)`` is
   ``problem.normalize(x, l)``: the row's largest finite entry where its magnitude
   exceeds ``l / sqrt(eps)``, else 0 (:meth:`CappedSimplex.normalize`; a test checks
   the two agree bit for bit)."""
   if not hasattr(problem, "shift"):
-    return jnp.zeros(x.shape[:-1], x.dtype)
-  top = jnp.max(jnp.where(jnp.isfinite(x), x, -jnp.inf), axis=-1)
+    return jnp.zeros_like(l)
+  layout = _layout.DEFAULT if layout is None else layout
+  top = layout.max(layout.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x))
   far = jnp.abs(top) * np.sqrt(np.finfo(x.dtype).eps) > l
   return jnp.where(jnp.isfinite(top) & far, top, jnp.zeros_like(top))
 
@@ -165,7 +168,8 @@ def normalized(problem, x, origin):
   return problem.shift(x, origin) if hasattr(problem, "shift") else x
 
 
-def solve_block(problem, x, k, l, init, *, free_passes: int = bounded_newton.FREE_PASSES):
+def solve_block(problem, x, k, l, init, *, free_passes: int = bounded_newton.FREE_PASSES,
+                layout=None):
   """The iteration of one program on a block of rows (plain ``jax.numpy``).
 
   ``x`` is ``(rows, n)`` (already normalized), ``k``, ``l`` and ``init`` (or ``None``)
@@ -176,7 +180,7 @@ def solve_block(problem, x, k, l, init, *, free_passes: int = bounded_newton.FRE
   certified)``; ``certified`` (stopped by a rule or answered by the bracket) holds for
   every row by construction and is returned for the tests.
   """
-  problem = problem.with_layout(_BLOCK_ROWS)
+  problem = problem.with_layout(_BLOCK_ROWS if layout is None else layout)
   tols = _threshold.tolerances(x.dtype)
   cap = bounded_newton.pass_cap(x.dtype, free_passes)
   carry, bracket = _threshold._init_carry(problem, init, x, k, l)  # pylint: disable=protected-access
@@ -198,19 +202,21 @@ def solve_block(problem, x, k, l, init, *, free_passes: int = bounded_newton.FRE
   return lam, iter_num, done
 
 
-def fused_block(problem, x, k, l, init, *, free_passes: int, write_output: bool):
+def fused_block(problem, x, k, l, init, *, free_passes: int, write_output: bool, layout=None):
   """All the work of one program: normalize, solve, finish, residual, output.
 
   Returns ``(y, lam, origin, iter_num, certified, residual)`` with ``lam`` relative to
   the normalized rows ``problem.shift(x, origin)``; ``y`` is ``None`` unless
   ``write_output``.
   """
-  origin = normalization_origin(problem, x, l)
-  xn = normalized(problem, x, origin)
+  layout = _BLOCK_ROWS if layout is None else layout
+  block = problem.with_layout(layout)
+  origin = normalization_origin(block, x, l, layout)
+  xn = normalized(block, x, origin)
   if init is not None:
     init = init - origin
-  lam, iter_num, certified = solve_block(problem, xn, k, l, init, free_passes=free_passes)
-  block = problem.with_layout(_BLOCK_ROWS)
+  lam, iter_num, certified = solve_block(problem, xn, k, l, init, free_passes=free_passes,
+                                         layout=layout)
   residual = jnp.abs(block.optimality(lam, xn, k, l))
   y = block.primal(lam, xn, l) if write_output else None
   return y, lam, origin, iter_num, certified, residual
@@ -230,6 +236,28 @@ def _kernel(problem, free_passes, warm, write_output, *refs):
       write_output=write_output)
   if write_output:
     y_ref[...] = y.astype(y_ref.dtype)
+  lam_ref[...] = lam
+  origin_ref[...] = origin
+  iter_ref[...] = iter_num
+  certified_ref[...] = certified.astype(jnp.int32)
+  residual_ref[...] = residual
+
+
+def _long_kernel(problem, free_passes, warm, write_output, chunk, num_chunks, *refs):
+  """The program of one long row: the row read in chunks (:mod:`pallas_long_rows`)."""
+  x_ref, k_ref, l_ref, *refs = refs
+  init_ref = refs.pop(0) if warm else None
+  y_ref = refs.pop(0) if write_output else None
+  lam_ref, origin_ref, iter_ref, certified_ref, residual_ref = refs
+  dtype = lam_ref.dtype
+  load = lambda ref: ref[...].astype(dtype)
+  layout = pallas_long_rows._Chunks(num_chunks=num_chunks)  # pylint: disable=protected-access
+  x = pallas_long_rows.lazy_row(x_ref, dtype, chunk)
+  y, lam, origin, iter_num, certified, residual = fused_block(
+      problem, x, load(k_ref), load(l_ref), None if init_ref is None else load(init_ref),
+      free_passes=free_passes, write_output=write_output, layout=layout)
+  if write_output:
+    pallas_long_rows.write_row(y_ref, y, chunk, num_chunks)
   lam_ref[...] = lam
   origin_ref[...] = origin
   iter_ref[...] = iter_num
@@ -267,7 +295,7 @@ def _struct(shape, dtype, like):
 
 
 def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_elements,
-          write_output):
+          write_output, chunk=None):
   """One ``pallas_call`` over the padded ``(batch, n)`` array."""
   pl, triton_params = _pallas()
   batch, n = x.shape
@@ -280,7 +308,13 @@ def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_el
                            write_output=write_output)
     return (None if y is None else y.astype(x.dtype), *rest)
   n_pad = padded_length(n)
-  rows = block_rows(batch, n_pad, interpret=interpret, block_elements=block_elements)
+  if chunk is None and n_pad > MAX_ROW_LENGTH:
+    chunk = min(pallas_long_rows.CHUNK, n_pad)
+  if chunk is not None:  # one row per program, read in chunks
+    chunk = min(int(chunk), n_pad)
+    rows = 1
+  else:
+    rows = block_rows(batch, n_pad, interpret=interpret, block_elements=block_elements)
   batch_pad = -(-batch // rows) * rows
   excluded = jnp.asarray(problem.excluded_value, x.dtype)
   if n_pad != n or batch_pad != batch:
@@ -301,7 +335,11 @@ def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_el
              _struct((batch_pad,), dtype, like)]
   out_shape = ([_struct((batch_pad, n_pad), x.dtype, like)] if write_output else []) + per_row
   out_specs = ([full_spec] if write_output else []) + [row_spec] * len(per_row)
-  kernel = functools.partial(_kernel, problem, free_passes, init is not None, write_output)
+  if chunk is None:
+    kernel = functools.partial(_kernel, problem, free_passes, init is not None, write_output)
+  else:
+    kernel = functools.partial(_long_kernel, problem, free_passes, init is not None,
+                               write_output, chunk, n_pad // chunk)
   outs = pl.pallas_call(
       kernel, out_shape=tuple(out_shape), grid=(batch_pad // rows,), in_specs=in_specs,
       out_specs=tuple(out_specs), interpret=interpret,
@@ -314,7 +352,8 @@ def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_el
 
 def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
                interpret: bool | None = None, num_warps: int | None = DEFAULT_NUM_WARPS,
-               block_elements: int | None = None, write_output: bool = True):
+               block_elements: int | None = None, write_output: bool = True,
+               chunk: int | None = None):
   r"""The operator's output and thresholds of the rows of ``x`` by the fused kernel.
 
   Args:
@@ -334,6 +373,10 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
     num_warps: Triton warps per program (default 8; ``None``: Triton's default).
     block_elements: target entries per program on a GPU (default 512).
     write_output: whether the kernel writes the operator's output.
+    chunk: ``None`` (default): one block of rows per program for rows of at most
+      ``MAX_ROW_LENGTH`` entries, one row per program read in chunks of
+      ``pallas_long_rows.CHUNK`` beyond; a power of two forces the chunked kernel with
+      chunks of that many entries (tests).
 
   Returns:
     ``(y, lam, origin, iter_num, certified, residual)``: the output ``(batch, n)`` in
@@ -344,12 +387,15 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
     :math:`|\hat\phi(\lambda)|`.
   """
   if x.ndim != 2 or not fits(x.shape[1]):
-    raise ValueError(f"the Pallas threshold kernel takes (batch, n) rows with 1 <= n <= "
-                     f"{MAX_ROW_LENGTH}; got shape {x.shape}.")
+    raise ValueError(f"the Pallas threshold kernels take (batch, n) rows with 1 <= n <= "
+                     f"{pallas_long_rows.MAX_LONG_ROW}; got shape {x.shape}.")
   if int(free_passes) != free_passes or free_passes < 0:
     raise ValueError(f"`free_passes` must be an int >= 0; got {free_passes!r}.")
+  if chunk is not None and (int(chunk) != chunk or chunk < 1 or int(chunk) & (int(chunk) - 1)):
+    raise ValueError(f"`chunk` must be None or a power of two >= 1; got {chunk!r}.")
   call = functools.partial(_call, problem, free_passes=int(free_passes), num_warps=num_warps,
-                           block_elements=block_elements, write_output=write_output)
+                           block_elements=block_elements, write_output=write_output,
+                           chunk=chunk)
   dtype = accumulation_dtype(x.dtype)
   k, l = jnp.asarray(k, dtype), jnp.asarray(l, dtype)
   init = None if init is None else jnp.asarray(init, dtype)
