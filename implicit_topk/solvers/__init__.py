@@ -39,7 +39,7 @@ def auto_solver_name(problem, *, size: int | None = None, backend: str | None = 
     ``benchmarks/bench_magnitude.py``).
   * GPU (CUDA, ROCm): ``"pallas"`` (one fused kernel per block of rows, every row
     certified inside the kernel within a proven number of passes: no host round trip)
-    for rows of at most ``kernels.gpu.pallas_threshold.MAX_ROW_LENGTH`` entries on an
+    for rows of at most 65536 entries (``kernels.gpu.pallas_threshold.fits``) on an
     unsplit last axis.
   * everywhere else, and where the reduced axis is split over devices (``sharded``:
     ``axis_name=`` or a sharding along it), for segment and tree problems and for

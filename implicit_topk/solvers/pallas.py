@@ -125,9 +125,12 @@ class PallasSolver(ThresholdRootSolver):
   ``jax.export``'s ``disabled_checks``, which
   :func:`implicit_topk.export_safety_checks` does); on any other backend (CPU, TPU)
   the same kernel runs in Pallas interpret mode, as ordinary XLA operations: correct
-  and slow, meant for tests. Rows longer than
+  and slow, meant for tests. Rows of at most
   :data:`~implicit_topk.kernels.gpu.pallas_threshold.MAX_ROW_LENGTH` (4096) entries are
-  solved by :class:`ThresholdSolver` (its ``while_loop`` at the XLA level).
+  held in registers, a block of rows per program; rows of up to 65536 entries get one
+  program each and are read in chunks of 2048 on every pass
+  (:mod:`~implicit_topk.kernels.gpu.pallas_long_rows`); longer rows, and symbolic
+  shapes, are solved by :class:`ThresholdSolver` (its ``while_loop`` at the XLA level).
   Accumulates in float32 for float32, bfloat16 and float16 input, float64 for float64.
 
   Attributes:

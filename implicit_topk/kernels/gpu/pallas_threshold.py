@@ -38,7 +38,9 @@ ops, row reductions, bit casts, a ``while_loop``) and is lowered
 * on every other backend (CPU, TPU) in Pallas interpret mode: the same kernel body run
   as ordinary XLA operations (correct, and slow: meant for tests).
 
-Shapes: ``x`` is ``(batch, n)`` with ``n <= MAX_ROW_LENGTH``; the row is padded to a
+Shapes: ``x`` is ``(batch, n)``; rows of ``n <= MAX_ROW_LENGTH`` (4096) go in blocks of
+rows held in registers, longer rows up to 65536 one per program, read in chunks
+(:mod:`~implicit_topk.kernels.gpu.pallas_long_rows`). The row is padded to a
 power of two with the problem's ``excluded_value`` (never selected, output exactly
 0, so the threshold does not change) and the batch to a multiple of the block of
 rows (no copy when ``n`` is a power of two and the batch a multiple of the block).
@@ -360,7 +362,7 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
     problem: a threshold problem on the last-axis layout
       (:class:`~implicit_topk.problems.CappedSimplex`,
       :class:`~implicit_topk.problems.Magnitude`).
-    x: ``(batch, n)`` float array, ``1 <= n <= MAX_ROW_LENGTH`` (not normalized: the
+    x: ``(batch, n)`` float array, ``1 <= n <= 65536`` (not normalized: the
       kernel normalizes as ``problem.normalize``).
     k, l: ``(batch,)`` per-row target sums and strengths.
     init: ``(batch,)`` starting thresholds (in the coordinates of ``x``), or ``None``
