@@ -242,3 +242,73 @@ def test_near_binary_sweep(solver, name, dtype, gaps, seed):
   rng = np.random.default_rng(100 + seed)
   x, k, l = near_binary_rows(rng, 6, int(rng.integers(2, 17)), gaps, dtype)
   check_near_binary(solver, name, x, k, l)
+
+
+# -- item 4: binary rows near the float maximum that the shift hides ------------------------
+
+
+def _exact_hard_mask(x, k, l):
+  """The exact answer where the row is binary in exact arithmetic (the k-th and
+  (k+1)-th largest finite entries at least l apart: Fraction arithmetic), else None."""
+  from fractions import Fraction
+  finite = np.sort(x[np.isfinite(x)])[::-1]
+  k_f = int(k) - int(np.sum(x == np.inf))
+  if not 0 < k_f < finite.size or Fraction(finite[k_f - 1]) - Fraction(finite[k_f]) < Fraction(l):
+    return None
+  return np.where(x == np.inf, 1.0, np.where(np.isfinite(x) & (x >= finite[k_f - 1]), 1.0, 0.0))
+
+
+def _hidden_binary_rows(rng, rows, n):
+  """Rows with the row maximum near +1.7e308 and the k-th / (k+1)-th largest entries far
+  below it (both signs, some beyond the float range once shifted), a gap of a few of
+  their ulps and l at most the gap: binary in exact arithmetic, while the entries
+  shifted by the maximum round (or clamp) to within l of each other."""
+  top = float(np.finfo(np.float64).max)
+  xs, ks, ls = [], [], []
+  for _ in range(rows):
+    k = int(rng.integers(1, n - 1))
+    a = rng.choice([-1.0, 1.0]) * top * rng.uniform(0.05, 0.95)
+    ulp = float(np.spacing(abs(a)))
+    gap = ulp * int(rng.integers(1, 5))
+    b = a - gap
+    l = float(rng.choice([gap, gap * rng.uniform(0.3, 1.0)]))
+    above = a + np.abs(a) * rng.uniform(0.001, 0.04, k - 1) + ulp * 64
+    below = b - np.abs(b) * rng.uniform(0.001, 0.04, n - k - 2) - ulp * 64
+    x = np.concatenate([[top * rng.uniform(0.97, 1.0)], np.minimum(above, top), [a, b],
+                        np.maximum(below, -top)])
+    xs.append(rng.permutation(x))
+    ks.append(float(k + 1))  # the row maximum is one of the top k + 1
+    ls.append(l)
+  return np.array(xs), np.array(ks), np.array(ls)
+
+
+def test_issue_examples_binary_rows_near_the_float_maximum():
+  u = float(np.spacing(1e308))
+  rows = [([1.7e308, -1e308, -1e308 - 2 * u], 2.0, 1.5 * u),  # shifted: both clamp to -max
+          ([1.0e308, 0.9e308, 0.9e308 - 2 * np.spacing(0.9e308), -1e300], 2.0,
+           1.5 * np.spacing(0.9e308)),
+          ([1.7e308, -1e308, -1e308 - 2 * u, 3.0, np.inf], 3.0, 1.5 * u)]
+  for x, k, l in rows:
+    x = np.array(x)
+    expected = _exact_hard_mask(x, k, l)
+    assert expected is not None
+    f = lambda v: itk.soft_topk_mask(v, k, regularization_strength=l, solver="native")
+    np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))), expected)
+    w = jnp.arange(float(x.size))
+    grad = np.asarray(jax.grad(lambda v: jnp.sum(w * f(v)))(jnp.asarray(x)))
+    np.testing.assert_array_equal(grad, 0.0)  # a binary row: lam locally constant
+
+
+@pytest.mark.parametrize("n", [4, 9, pytest.param(40, marks=pytest.mark.slow)])
+def test_hidden_binary_rows_near_the_float_maximum_are_exactly_binary(n):
+  x, k, l = _hidden_binary_rows(np.random.default_rng(n), 200, n)
+  y = np.asarray(itk.soft_topk_mask(jnp.asarray(x), jnp.asarray(k),
+                                    regularization_strength=jnp.asarray(l), solver="native"))
+  checked = 0
+  for r in range(x.shape[0]):
+    expected = _exact_hard_mask(x[r], k[r], l[r])
+    if expected is None:
+      continue
+    checked += 1
+    np.testing.assert_array_equal(y[r], expected, err_msg=f"row {r}: {x[r]!r} k={k[r]} l={l[r]!r}")
+  assert checked >= 150

@@ -54,6 +54,7 @@ _MAXITER = 200
 _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a sample
 _ONE_PASS_ROW = 512  # up to this row length, k <= 2: one pass finds the bracket (no guess)
 _LOWEST = -np.finfo(np.float64).max
+_EPS64 = float(np.finfo(np.float64).eps)
 _INT_MAX = np.int64(np.iinfo(np.int64).max)
 _INT_MIN = np.int64(np.iinfo(np.int64).min)
 _OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
@@ -507,12 +508,57 @@ def _one_pass_bracket(row, n, origin, m, j, l, work):
 @njit(**_OPTIONS)
 def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess):
   """The threshold of a p-norm row, relative to ``origin``: :func:`_sparse_bracket`,
-  then Newton on the candidates. Returns (lam, passes)."""
+  then Newton on the candidates. Returns (lam, passes, whether the shift may have
+  hidden a binary row: :func:`_shift_may_hide_binary`)."""
   solved, lam, lo, hi, start, k_f, count = _sparse_bracket(
       row, n, k, l, a, origin, finite, top, work, scratch, guess)
   if solved:
-    return lam, 0
-  return _newton(work, count, k_f, l, PNORM, a, lo, hi, start, tol)
+    return lam, 0, _shift_may_hide_binary(lo, hi, k_f, origin)
+  lam, passes = _newton(work, count, k_f, l, PNORM, a, lo, hi, start, tol)
+  return lam, passes, _shift_may_hide_binary(lo, hi, k_f, origin)
+
+
+@njit(**_OPTIONS)
+def _shift_may_hide_binary(lo, hi, k_f, origin):
+  """Whether the binary test of a row solved relative to ``origin != 0`` with integer
+  ``k_f`` may have been decided wrongly by the shift: the shifted entries ``x - origin``
+  are each rounded (or clamped to the float range near its maximum), which can close a
+  binary row's flat root interval ``[x_(j+1), x_(m) - l]`` by a few of their ulps, or
+  open one where entries tie after rounding (issue 33 item 4: ``[1.7e308, -1e308,
+  -1e308 - 2 ulps]``, ``k = 2``, ``l = 1.5 ulps``: both lower entries clamp to the same
+  value). Suspect: the interval's ends within a few ulps of each other, or not finite."""
+  if origin == 0.0 or k_f != math.floor(k_f):
+    return False
+  if not (abs(lo) < np.inf and abs(hi) < np.inf):
+    return True
+  return abs(hi - lo) <= 8.0 * _EPS64 * (abs(lo) + abs(hi))
+
+
+@njit(**_OPTIONS)
+def _binary_in_original(row, n, k_f, l):
+  """``(binary, lam)`` of a finite-k row decided in the row's own coordinates: with
+  ``m = k_f`` and the m-th and (m+1)-th largest finite entries ``a > b``, the row is
+  binary iff ``a - b >= l`` (one rounding, monotone: the exact decision; an overflow
+  means a gap beyond the float range). ``lam`` is the middle of ``[b, a - l]`` where
+  the write then gives exact ones and zeros, else ``b`` (an interval a few ulps wide:
+  ``a - b >= l`` and ``b - b = 0`` hold exactly)."""
+  m = int(k_f)
+  values = np.empty(max(n, 1))
+  count = 0
+  for i in range(n):
+    v = row[i]
+    values[count] = v
+    count += (v > -np.inf) & (v < np.inf)
+  if m < 1 or m >= count:
+    return False, 0.0
+  scratch = np.empty(max(count, m + 1))
+  x_a, _, x_b = _order_statistics_after(values, count, m, m, scratch)
+  if not (x_a - x_b >= l):
+    return False, 0.0
+  lam = _midpoint(x_b, x_a - l)
+  if not (lam >= x_b and x_a - lam >= l):
+    lam = x_b
+  return True, lam
 
 
 @njit(inline="always", **_OPTIONS)
@@ -676,7 +722,15 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
     far = abs(top) < np.inf and abs(top) * root_eps > lb
     origin = top if far else 0.0
     if kind == PNORM:
-      value, it = _sparse_row(row, n, kb, lb, a, tol, origin, finite, top, work, scratch, guess)
+      value, it, suspect = _sparse_row(row, n, kb, lb, a, tol, origin, finite, top, work,
+                                       scratch, guess)
+      if suspect:
+        # The shift's rounding can decide the binary test wrongly: decide it in the
+        # row's own coordinates, where the decision is exact (rows with NaN stay NaN).
+        n_pos_inf, _, nan, _, _ = _finite_counts(row, n, 0.0)
+        binary, root = _binary_in_original(row, n, kb - n_pos_inf, lb)
+        if binary and not nan:
+          value, it, origin = root, 0, 0.0
     else:
       value, it = _dense_row(row, n, kb, lb, kind, a, tol, origin, work)
     residual[b] = abs(_write_mask(row, n, value, lb, kind, a, origin, finite, y[b]) - kb)
