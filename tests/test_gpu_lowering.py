@@ -91,7 +91,11 @@ CELLS = [("mask", (16384, 8), 2.0), ("mask", (16384, 64), 2.0), ("mask", (16384,
 @pytest.mark.parametrize("name,shape,k", CELLS, ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}" for c in CELLS])
 def test_default_forward_and_backward_lower_to_the_kernel_without_host_round_trips(name, shape, k):
   op = (MASK if name == "mask" else MAG)(k)
-  for fn, what in ((op, "forward"), (_fwd_bwd(op), "forward+backward")):
+  # forward+backward holds the forward; the forward alone is lowered for one cell
+  checks = [(_fwd_bwd(op), "forward+backward")]
+  if shape == (16384, 64):
+    checks.append((op, "forward"))
+  for fn, what in checks:
     text = _lower(fn, shape)
     assert text.count(TRITON) == 1, (what, text.count(TRITON))
     assert "stablehlo.while" not in text, what
