@@ -1,4 +1,5 @@
-"""examples/bilevel_feature_selection.py and examples/moe_router.py in quick mode."""
+"""examples/bilevel_feature_selection.py, examples/moe_router.py and examples/router_budget.py
+in quick mode."""
 
 import importlib.util
 import json
@@ -108,3 +109,31 @@ def test_sparse_dispatch_equals_dense_without_drops():
     assert jnp.allclose(outs["dense"][0], outs["sparse"][0], atol=1e-10)
     for key in params:
       assert jnp.allclose(outs["dense"][1][key], outs["sparse"][1][key], atol=1e-9), key
+
+
+def test_router_budget_quick(tmp_path):
+  """Routers at equal expert budgets: max_support holds the budget, the files are written."""
+  module = _load("router_budget")
+  result = module.main(["--quick", "--out", str(tmp_path)])
+  assert result["routers"] == list(module.QUICK_ROUTERS)
+  for name in result["routers"]:
+    s = result["summary"][name]
+    assert not s["any_nan"], name
+    b = result["budget"][name]
+    assert s["max_experts_init"] <= b and s["max_experts_final"] <= b, name
+    assert len(s["test_loss"]["per_seed"]) == len(result["options"]["seeds"])
+    assert 0.0 <= s["test_acc"]["mean"] <= 1.0
+    t = result["step_time"][name]
+    assert t["dense_ms"] > 0 and t["sparse_ms"] > 0
+    assert len(t["dense_ms_all"]) == result["options"]["rounds"]
+  # k = 1.5 with max_support=2: every token uses exactly 2 experts; hard top-2 has no
+  # fractional mask entries; k = 2 with max_support=3: between 2 and 3 experts
+  assert result["summary"]["soft std k=1.5 m=2"]["experts_final"]["mean"] == pytest.approx(2.0)
+  assert result["summary"]["hard top-2"]["fractional_final"]["mean"] == 0.0
+  assert 2.0 <= result["summary"]["soft std k=2 m=3"]["experts_final"]["mean"] <= 3.0
+  for run in result["runs"]["soft std k=1.5 m=2"]:
+    assert run["train_loss_last"] < run["train_loss_first"]
+  md = (tmp_path / "router_budget_quick.md").read_text()
+  for name in result["routers"]:
+    assert f"| {name} |" in md
+  assert json.loads((tmp_path / "router_budget_quick.json").read_text())["summary"]
