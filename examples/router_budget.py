@@ -40,7 +40,7 @@ Outputs ``<out>/router_budget{,_quick}.{json,md}``.
 
 Usage::
 
-    python examples/router_budget.py            # about 5 minutes on a 2-core CPU
+    python examples/router_budget.py            # about 10 minutes on a shared 2-core CPU
     python examples/router_budget.py --quick    # 3 routers, 1 seed, 30 steps: for the tests
 """
 
