@@ -41,7 +41,7 @@ Outputs ``<out>/router_budget{,_quick}.{json,md}``.
 Usage::
 
     python examples/router_budget.py            # about 10 minutes on a shared 2-core CPU
-    python examples/router_budget.py --quick    # 3 routers, 1 seed, 30 steps: for the tests
+    python examples/router_budget.py --quick    # 2 routers, 1 seed, 30 steps: for the tests
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ ROUTERS = {
     "hard top-3": ("hard", 3, {}),
 }
 
-QUICK_ROUTERS = ("soft std k=1.5 m=2", "hard top-2", "soft std k=2 m=3")
+QUICK_ROUTERS = ("soft std k=2 m=3", "hard top-2")
 
 
 def budget(name, experts):

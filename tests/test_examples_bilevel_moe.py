@@ -126,13 +126,15 @@ def test_router_budget_quick(tmp_path):
     t = result["step_time"][name]
     assert t["dense_ms"] > 0 and t["sparse_ms"] > 0
     assert len(t["dense_ms_all"]) == result["options"]["rounds"]
-  # k = 1.5 with max_support=2: every token uses exactly 2 experts; hard top-2 has no
-  # fractional mask entries; k = 2 with max_support=3: between 2 and 3 experts
-  assert result["summary"]["soft std k=1.5 m=2"]["experts_final"]["mean"] == pytest.approx(2.0)
+  # hard top-2 has no fractional mask entries; k = 2 with max_support=3: 2 or 3 experts
+  # per token, some tokens with a gradient to the choice
   assert result["summary"]["hard top-2"]["fractional_final"]["mean"] == 0.0
-  assert 2.0 <= result["summary"]["soft std k=2 m=3"]["experts_final"]["mean"] <= 3.0
-  for run in result["runs"]["soft std k=1.5 m=2"]:
-    assert run["train_loss_last"] < run["train_loss_first"]
+  soft = result["summary"]["soft std k=2 m=3"]
+  assert 2.0 <= soft["experts_final"]["mean"] <= 3.0
+  assert soft["tokens_choice_gradient_final"]["mean"] > 0.0
+  for name in result["routers"]:
+    for run in result["runs"][name]:
+      assert run["train_loss_last"] < run["train_loss_first"], name
   md = (tmp_path / "router_budget_quick.md").read_text()
   for name in result["routers"]:
     assert f"| {name} |" in md
