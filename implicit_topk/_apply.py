@@ -169,8 +169,9 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   ``excluded_value`` (never selected) and are returned as exactly 0. ``standardize``
   (None or a power ``a``): the strength is ``l`` times each row's standard deviation
   to the power ``a`` (:func:`implicit_topk._standardize.row_spread`). ``max_support``
-  (None or an int ``m``; whole rows, p-norms): the strength is lowered where needed so
-  that at most ``m`` entries are nonzero (:mod:`implicit_topk.support_budget`).
+  (None or an int ``m``; whole rows, p-norms): rows whose mask would have more than ``m``
+  nonzero entries get the mask at the largest strength that has ``m``
+  (:mod:`implicit_topk.support_budget`).
   """
   layout = solver.layout
   if standardize is not None:
@@ -180,12 +181,12 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
   k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)
   l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), row_shape)
-  if max_support is not None:
-    l_rows, cut = support_budget.capped_strength(rows.astype(dtype), k_rows, l_rows,
-                                                 max_support, solver.problem.regularizer.exponent)
   y, state = solver.solve_and_map(rows, k_rows, l_rows)
-  if max_support is not None:  # 0 at or below the cut (a threshold an ulp below it)
-    y = jnp.where(rows > cut[..., None], y, jnp.zeros_like(y))
+  if max_support is not None:  # rows over the budget: the mask at l*, in closed form
+    binds, capped, live = support_budget.capped_mask(rows.astype(dtype), k_rows, l_rows,
+                                                     max_support,
+                                                     solver.problem.regularizer.exponent)
+    y = jnp.where(binds[..., None], capped.astype(y.dtype), jnp.where(live, y, 0))
   # A traced l is not checked: l <= 0, l >= max_strength (or NaN) gives NaN rows, never a
   # wrong mask.
   upper = _validation.max_strength(dtype)

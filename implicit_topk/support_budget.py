@@ -52,20 +52,27 @@ def check_max_support(max_support, k_value, regularizer) -> int:
   return max_support
 
 
-def capped_strength(rows, k, l, m: int, a: float):
-  r"""``(strength, cut)`` per row of ``rows`` (..., n): :math:`\min(l, l^\star)`, whose
-  mask has at most ``m`` nonzero entries (ties aside), and the cut :math:`c` (or the
-  next value below it at a tie) at or below which the mask is 0 (the caller zeroes
-  those entries: a threshold found to the ulp may land an ulp below :math:`c`);
-  ``k`` and ``l`` have the rows' shape, ``a = 1/(p-1)``. Rows of at most ``m`` entries,
-  and rows whose budget cannot bind, keep ``l``."""
+def capped_mask(rows, k, l, m: int, a: float):
+  r"""``(binds, mask, live)`` per row of ``rows`` (..., n): where the plain mask at
+  strength ``l`` would have more than ``m`` nonzero entries (``binds``), the mask at
+  :math:`l^\star` in closed form (elsewhere ``mask`` is not used); ``live``: the entries
+  above the cut, outside which every row's mask is 0 (the caller zeroes them in the
+  plain mask too: near :math:`l^\star` its threshold, found to the ulp, may land an ulp
+  below the cut).
+
+  At :math:`l^\star` the threshold is the cut :math:`c` exactly, so the mask is
+  :math:`y_i = \min(1, ((x_i - c)\,t^\star)^a)` with :math:`(t^\star)^a = (k - W_J) /
+  R_J`: the saturated entries are 1 and the others :math:`d_i^a (k - W_J) / R_J`,
+  which sum to :math:`k - W_J` to rounding whatever the gaps' scale (solving the mask
+  again at a strength of the size of a few ulps of ``x`` would not). ``k`` and ``l``
+  have the rows' shape, ``a = 1/(p-1)``; rows with NaN and rows of at most ``m`` entries
+  never bind."""
   n = rows.shape[-1]
   if m >= n:
-    return l, jnp.full_like(l, -jnp.inf)
+    return jnp.zeros(rows.shape[:-1], bool), jnp.zeros_like(rows), jnp.ones(rows.shape, bool)
   top = lax.top_k(rows, m + 1)[0]  # descending
   c = top[..., m]
-  above = top[..., :m] > c[..., None]
-  strictly_above = jnp.sum(above, axis=-1).astype(rows.dtype)
+  strictly_above = jnp.sum(top[..., :m] > c[..., None], axis=-1).astype(rows.dtype)
   # The tie rule: fewer than k entries above c -> the cut moves below c, where the
   # entries tied at c enter with their count as weight.
   tied = strictly_above < k
@@ -79,49 +86,65 @@ def capped_strength(rows, k, l, m: int, a: float):
                                jnp.where(position == strictly_above[..., None],
                                          count_c[..., None], 0.0)),
                      jnp.where(position < m, ones, 0.0))
-  t_star = _saturating_root(top, cut, weight, k, a)
-  binds = (t_star > 0) & jnp.isfinite(cut) & jnp.all(jnp.isfinite(top), axis=-1)
-  l_star = jnp.where(binds, 1.0 / jnp.where(binds, t_star, 1.0), jnp.inf)
-  cut = jnp.where(jnp.isfinite(cut), cut, -jnp.inf)
-  return jnp.minimum(l, l_star.astype(l.dtype)), lax.stop_gradient(cut).astype(l.dtype)
+  finite_cut = jnp.isfinite(cut)
+  safe_cut = jnp.where(finite_cut, cut, 0.0)
+  gaps = top - safe_cut[..., None]
+  ratio, scale, t_star, top_saturated = _crossing_piece(gaps, weight, k, a)
+  binds = (finite_cut & (t_star * l > 1) & ~jnp.any(jnp.isnan(top), axis=-1)
+           & ~jnp.isnan(k) & ~jnp.isnan(l))
+  # The whole row: entries above the cut; those at or above the J-th largest saturate.
+  d = rows - safe_cut[..., None]
+  live = rows > jnp.where(finite_cut, cut, jnp.inf)[..., None]
+  finite = live & jnp.isfinite(d)
+  safe_d = jnp.where(finite, d / scale[..., None], 1.0)  # O(1): no square of a tiny R_J
+  fraction = jnp.where(finite, safe_d ** a, 0.0) * ratio[..., None]
+  saturated = live & ((d >= top_saturated[..., None]) | ~jnp.isfinite(d))
+  mask = jnp.where(saturated, 1.0, jnp.where(live, jnp.minimum(fraction, 1.0), 0.0))
+  return binds, mask.astype(rows.dtype), live
 
 
-def _saturating_root(values, cut, weight, k, a):
-  r"""The smallest :math:`t \ge 0` with :math:`\sum_i w_i \min(1, (v_i - c)_+ t)^a \ge k`
-  for descending ``values`` :math:`v` (..., m+1), per row; 0 where no finite ``t``
-  reaches ``k``.
+def _crossing_piece(gaps, weight, k, a):
+  r"""On the piece where :math:`S(t) = \sum_i w_i \min(1, d_i t)^a` crosses ``k``,
+  per row: ``(ratio, scale, t, top)``. ``scale`` :math:`s` is the largest unsaturated
+  gap and ``ratio`` :math:`= (k - W_J) / (R_J / s^a) = (s t)^a`, so an unsaturated
+  entry's mask is :math:`(d_i / s)^a` times ``ratio`` (every factor of order 1: their
+  derivatives never square a tiny :math:`R_J`); ``t`` is the smallest :math:`t` with
+  :math:`S(t) \ge k` (0 where none is finite) and ``top`` the J-th largest gap
+  (entries at or above it saturate: ``+inf`` where :math:`J = 0`). ``gaps`` :math:`d`
+  (..., m+1) are descending, ``+inf`` for infinite entries (always saturated).
 
-  Breakpoints :math:`t_j = 1/d_j` (:math:`d_j = v_j - c`): there the sum is
-  :math:`B_j = W_j + R_j / d_j^a` with :math:`W_j = \sum_{i \le j} w_i` and
-  :math:`R_j = \sum_{i > j} w_i d_i^a`, nondecreasing in :math:`j`. With :math:`J` the
-  number of breakpoints at which :math:`B_j \le k`, the root lies on piece :math:`J`:
-  :math:`t = ((k - W_J) / R_J)^{1/a}`, kept inside :math:`[1/d_J, 1/d_{J+1}]` against
-  rounding."""
-  safe_cut = jnp.where(jnp.isfinite(cut), cut, 0.0)
-  d = jnp.maximum(values - safe_cut[..., None], 0.0)
-  positive = (d > 0) & (weight > 0)
-  safe_d = jnp.where(positive, d, 1.0)  # no 0 ** a (an infinite slope for a < 1)
-  d = jnp.where(positive, d, 0.0)
+  Breakpoints :math:`t_j = 1/d_j`: there :math:`S = B_j = W_j + R_j / d_j^a` with
+  :math:`W_j = \sum_{i \le j} w_i` and :math:`R_j = \sum_{i > j} w_i d_i^a`,
+  nondecreasing in :math:`j`; :math:`J` counts the breakpoints with
+  :math:`B_j \le k`."""
+  positive = (gaps > 0) & (weight > 0)
+  finite = positive & jnp.isfinite(gaps)
+  safe = jnp.where(finite, gaps, 1.0)  # no 0 ** a (an infinite slope for a < 1), no inf
   w = jnp.where(positive, weight, 0.0)
-  terms = jnp.where(positive, w * safe_d ** a, 0.0)
+  terms = jnp.where(finite, w * safe ** a, 0.0)
   saturated = jnp.cumsum(w, axis=-1)  # W_j, j = 1..m+1
   # R_j = sum_{i > j}: a suffix sum (a difference of prefix sums would cancel).
   suffix = jnp.flip(jnp.cumsum(jnp.flip(terms, axis=-1), axis=-1), axis=-1)
   rest = jnp.concatenate([suffix[..., 1:], jnp.zeros_like(suffix[..., :1])], axis=-1)
-  at_break = jnp.where(positive, saturated + rest / safe_d ** a, jnp.inf)  # B_j
+  at_break = jnp.where(positive, saturated + jnp.where(finite, rest / safe ** a, 0.0), jnp.inf)
   big_j = jnp.sum(lax.stop_gradient(at_break) <= k[..., None], axis=-1)  # J, 0..m+1
-  pick = lambda table, j: jnp.take_along_axis(table, jnp.maximum(j - 1, 0)[..., None],
-                                              axis=-1)[..., 0]
-  total_terms = suffix[..., 0]
-  w_j = jnp.where(big_j > 0, pick(saturated, big_j), 0.0)
-  r_j = jnp.where(big_j > 0, pick(rest, big_j), total_terms)
-  d_j = jnp.where(big_j > 0, pick(d, big_j), jnp.inf)  # 1/d_J: the piece's left end
-  d_next = jnp.take_along_axis(jnp.concatenate([d, jnp.zeros_like(d[..., :1])], axis=-1),
-                               jnp.minimum(big_j, d.shape[-1])[..., None], axis=-1)[..., 0]
+  pick = lambda table: jnp.take_along_axis(table, jnp.maximum(big_j - 1, 0)[..., None],
+                                           axis=-1)[..., 0]
+  w_j = jnp.where(big_j > 0, pick(saturated), 0.0)
+  r_j = jnp.where(big_j > 0, pick(rest), suffix[..., 0])
+  d_j = jnp.where(big_j > 0, pick(gaps), jnp.inf)
   reachable = (r_j > 0) & (k > w_j)
-  t = (jnp.where(reachable, k - w_j, 1.0) / jnp.where(reachable, r_j, 1.0)) ** (1.0 / a)
-  low = jnp.where(jnp.isfinite(d_j), 1.0 / jnp.where(jnp.isfinite(d_j), d_j, 1.0), 0.0)
-  high = jnp.where(d_next > 0, 1.0 / jnp.where(d_next > 0, d_next, 1.0), jnp.inf)
-  t = jnp.clip(t, low, high)
-  exact_break = (big_j > 0) & (w_j == k)  # the sum reaches k at a breakpoint: t = 1/d_J
-  return jnp.where(exact_break, low, jnp.where(reachable, t, 0.0))
+  # The largest unsaturated gap (position J, 0-based) and R_J relative to it.
+  scale = jnp.take_along_axis(gaps, jnp.minimum(big_j, gaps.shape[-1] - 1)[..., None],
+                              axis=-1)[..., 0]
+  scale = jnp.where(reachable & jnp.isfinite(scale) & (scale > 0), scale, 1.0)
+  unsaturated = jnp.arange(gaps.shape[-1]) >= big_j[..., None]
+  relative = jnp.sum(jnp.where(finite & unsaturated, w * (safe / scale[..., None]) ** a, 0.0),
+                     axis=-1)
+  ratio = jnp.where(reachable, k - w_j, 0.0) / jnp.where(reachable & (relative > 0), relative, 1.0)
+  # k reached at the breakpoint 1/d_J itself (then R_J = 0, or rounds to next to nothing).
+  exact_break = (big_j > 0) & (w_j >= k)
+  safe_d_j = jnp.where(jnp.isfinite(d_j) & (d_j > 0), d_j, 1.0)
+  t_power = lax.stop_gradient(jnp.where(reachable, k - w_j, 1.0) / jnp.where(reachable, r_j, 1.0))
+  t = jnp.where(exact_break, 1.0 / safe_d_j, jnp.where(reachable, t_power ** (1.0 / a), 0.0))
+  return ratio, scale, lax.stop_gradient(t), jnp.where(big_j > 0, d_j, jnp.inf)
