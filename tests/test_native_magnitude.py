@@ -123,7 +123,7 @@ def test_auto_picks_native_for_the_magnitude_on_cpu():
     assert auto(problems.Magnitude(p), backend="cpu", row_length=8) == "native"
     assert auto(problems.Magnitude(p), backend="cpu", row_length=8, sharded=True) == "threshold"
   solver = itk.solvers.make_solver("auto", problems.Magnitude(), row_length=8)
-  assert isinstance(solver, itk.NativeSolver)
+  assert isinstance(solver.for_platform("cpu"), itk.NativeSolver)  # chosen per platform
   # options that only the iterative solver takes keep "auto" on it everywhere
   assert isinstance(itk.solvers.make_solver("auto", problems.Magnitude(), maxiter=5),
                     itk.ThresholdSolver)
