@@ -10,7 +10,7 @@ CPU solver (the native kernel, a custom call) is custom-partitioned
 (``implicit_topk.kernels.cpu.partitioning``): a split reduced axis runs the threshold
 iteration with psum, a split batch the kernel per device.
 
-The default run (one subprocess) checks the issue's case (x of shape (4, 8192), k =
+The slow group's first test (one subprocess) checks the issue's case (x of shape (4, 8192), k =
 40.5, l = 0.1) for the mask and the magnitude operator (forward, grad, jvp), float64
 rows with the sigmoid regularizer, a batch-sharded input (the kernel per device, no
 collective), a 2-D mesh splitting both axes, that the HLO check sees the gather of the
@@ -31,6 +31,7 @@ def _run(*groups):
   return device_checks.run_script(SCRIPT, *groups, timeout=1800)
 
 
+@pytest.mark.slow  # 8 host devices in a subprocess: 80 s of CPU, more than the default run can spend
 def test_issue_case_and_shard_map_without_gather():
   report = _run("fast")  # asserts that every check is OK
   for line in ("jit[auto] mask (4, 8192) float32 fwd HLO", "jit[auto] mask (4, 8192) float32 grad HLO",

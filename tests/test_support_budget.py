@@ -195,7 +195,7 @@ def test_jit_vmap_and_where():
   assert np.all(np.asarray(y[..., 6:]) == 0)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(st.integers(0, 10_000), st.floats(0.01, 100.0), st.sampled_from([4.0 / 3.0, 2.0]),
        st.integers(2, 6), st.booleans())
 def test_property_bound_and_sum(seed, l, p, m, ties):
