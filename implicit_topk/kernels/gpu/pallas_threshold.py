@@ -282,6 +282,17 @@ def _varying_axes(value) -> frozenset:
     return frozenset()
 
 
+def _vary_like(outs, like):
+  """``outs`` (a pytree of arrays), each marked as varying over the mesh axes ``like``
+  varies over (``jax.lax.pcast(..., to="varying")`` of the axes it lacks)."""
+  axes = _varying_axes(like)
+
+  def cast(out):
+    missing = tuple(sorted(axes - _varying_axes(out)))
+    return jax.lax.pcast(out, missing, to="varying") if missing else out
+  return jax.tree.map(cast, outs)
+
+
 def _struct(shape, dtype, like):
   """``ShapeDtypeStruct(shape, dtype)`` varying over the mesh axes ``like`` varies
   over (required of ``pallas_call`` outputs inside ``shard_map(check_vma=True)``)."""
@@ -404,10 +415,11 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
   if interpret is not None:
     return call(x, k, l, init, interpret=interpret)
   if _varying_axes(x):  # inside shard_map: interpret mode traces the block function
+    # Every branch's outputs vary over x's mesh axes (cond needs equal types; the
+    # interpreted block leaves the per-row outputs that do not read x unvarying).
+    varying = lambda interpret: lambda *a: _vary_like(call(*a, interpret=interpret), x)
     return jax.lax.platform_dependent(
-        x, k, l, init, cuda=functools.partial(call, interpret=False),
-        rocm=functools.partial(call, interpret=False),
-        default=functools.partial(call, interpret=True))
+        x, k, l, init, cuda=varying(False), rocm=varying(False), default=varying(True))
   # Each branch lowered for its own platforms only (a function exported for CPU and CUDA
   # gets the interpreted kernel on one and Triton on the other).
   args = (x, k, l) if init is None else (x, k, l, init)
