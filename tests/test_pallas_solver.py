@@ -509,4 +509,9 @@ def test_shard_map_over_a_batch_sharded_input():
   lines = result.stdout.split("\n")
   errors = {tuple(line.split()[:2]): float(line.split()[2]) for line in lines if line}
   assert len(errors) == 4, result.stdout
-  assert all(err <= 1e-7 for err in errors.values()), errors  # sharded = unsharded
+  # sharded = unsharded: the forward to float32 rounding; the gradient to float32 rounding
+  # of the threshold times the mask's slope (3 z^2 / l, up to 30 at l = 0.1): two compiled
+  # programs may round the threshold an ulp apart (XLA promises no bitwise equality).
+  eps = float(np.finfo(np.float32).eps)
+  for (name, _), err in errors.items():
+    assert err <= (8 * eps if name == "forward" else 30 * 8 * eps), errors
