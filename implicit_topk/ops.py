@@ -101,10 +101,11 @@ def soft_topk_mask(
       :mod:`implicit_topk.regularizers`).
     axis: the axis along which to select (default -1).
     solver: ``"auto"`` (default): ``"native"`` on CPU, ``"pallas"`` on GPU for rows
-      of at most 4096 entries, ``"threshold"`` elsewhere and where ``axis`` is split
+      of at most 65536 entries, ``"threshold"`` elsewhere and where ``axis`` is split
       over devices (``axis_name=``, or a sharding along ``axis`` visible when the call
       is made: a concrete array or an explicit mesh axis; under ``jit`` with automatic
-      sharding nothing shows the split: pass ``solver="threshold"`` there).
+      sharding the CPU kernel's call is custom-partitioned, and a split reduced axis
+      runs the threshold iteration with ``psum`` on each device's block).
       ``"native"``: a compiled CPU kernel per row (selection, then Newton on the few
       entries that can be nonzero; the derivatives in two more kernels), an XLA
       custom call: exact, exportable (``disabled_checks=export_safety_checks()``),
