@@ -1,4 +1,4 @@
-"""Numerical companion of proofs/pallas_bounded_iteration.md (Proposition 16).
+"""Numerical companion of proofs/pallas_bounded_iteration.md (Proposition 17).
 
 Checks:
   1. the ordered key map: strictly increasing on every float16 and on random float32 and

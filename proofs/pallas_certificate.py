@@ -11,7 +11,7 @@ Checks:
      pass count exceeds the cap exactly for them;
   3. the library's PallasSolver (interpret mode on CPU) with 0, 3 and 16 free Newton
      passes returns the Brent threshold map, every row certified inside the kernel within
-     the cap of Proposition 16 (proofs/pallas_bounded_iteration.md).
+     the cap of Proposition 17 (proofs/pallas_bounded_iteration.md).
 """
 
 import math
@@ -244,7 +244,7 @@ def check_library(rng):
                          else np.full(n, k[i] / n) for i in range(batch)])
     worst = 0.0
     from implicit_topk.kernels.gpu import bounded_newton
-    for free in (0, 3, 16):  # 0: ordered bisections from the first pass (Proposition 16)
+    for free in (0, 3, 16):  # 0: ordered bisections from the first pass (Proposition 17)
         solver = PallasSolver(free_passes=free)
         y, info = _apply.threshold_operator(solver, x, k, l, axis=-1, return_info=True)
         worst = max(worst, float(np.max(np.sum(np.abs(np.asarray(y) - expected), -1))))
@@ -257,7 +257,7 @@ def check_library(rng):
                 f"free {free}: iter_num {np.asarray(info.iter_num)} vs kernel {np.asarray(passes)}")
     C.check(worst <= 1e-12, f"library: L1 distance {worst:.2e} to the Brent mask")
     print(f"  3. library (free passes 0, 3, 16): max L1 distance to Brent {worst:.1e}; every "
-          "row certified in the kernel within the cap of Proposition 16")
+          "row certified in the kernel within the cap of Proposition 17")
 
 
 def main():

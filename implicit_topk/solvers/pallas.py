@@ -4,7 +4,7 @@ r"""Fused Pallas solver: the threshold and the output of every row in one kernel
 Newton/bisection iteration (:mod:`implicit_topk.kernels.gpu.bounded_newton`) inside one
 Pallas program per block of rows and writes the operator's output itself. Every row
 stops by a certified rule within a proven number of passes
-(``proofs/pallas_bounded_iteration.md``, Proposition 16), so there is no fallback, no
+(``proofs/pallas_bounded_iteration.md``, Proposition 17), so there is no fallback, no
 ``lax.cond`` and no XLA-level ``while_loop`` around the kernel: on a GPU nothing waits
 for the host. The derivatives come from the implicit function theorem in one fused XLA
 pass, recomputed from ``x`` and the thresholds in the backward pass.
@@ -110,7 +110,7 @@ class PallasSolver(ThresholdRootSolver):
   bit patterns, and writes the output. Every row stops by a certified rule
   (:math:`\phi = 0`, a bracket of a few ulps or with no float inside, or a Newton step
   of a few ulps with :math:`|\phi|` at rounding level) within ``free_passes + 64``
-  passes in float32 (``+ 128`` in float64): Proposition 16,
+  passes in float32 (``+ 128`` in float64): Proposition 17,
   ``proofs/pallas_bounded_iteration.md``. No row leaves the kernel, so there is no
   fallback and nothing at the XLA level depends on the data (on XLA:GPU a ``cond`` or
   ``while_loop`` copies its predicate to the host). The derivatives come from the

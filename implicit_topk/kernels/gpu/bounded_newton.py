@@ -4,7 +4,7 @@ The fused GPU kernel (:mod:`implicit_topk.kernels.gpu.pallas_threshold`) must fi
 row inside the kernel: a fallback outside it would be a data-dependent ``lax.cond`` at the
 XLA level, which on XLA:GPU copies its predicate to the host and blocks. This module is
 the iteration that makes that possible (``proofs/pallas_bounded_iteration.md``,
-Proposition 16).
+Proposition 17).
 
 For a continuous, nonincreasing :math:`\phi` with a bracket :math:`[lo, hi]` of finite
 floats (:math:`\hat\phi(lo) \ge 0 \ge \hat\phi(hi)` up to rounding), each *pass*

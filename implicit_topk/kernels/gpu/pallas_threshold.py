@@ -19,7 +19,7 @@ The iteration is the bounded safeguarded Newton of
 first ``free_passes`` passes, then an ordered-bit-pattern bisection every other pass.
 Every row stops by one of its rules within
 :func:`~implicit_topk.kernels.gpu.bounded_newton.pass_cap` passes
-(``proofs/pallas_bounded_iteration.md``, Proposition 16), so nothing outside the kernel
+(``proofs/pallas_bounded_iteration.md``, Proposition 17), so nothing outside the kernel
 checks or repeats a row: no data-dependent ``cond`` or ``while`` at the XLA level (on
 XLA:GPU each of those copies a predicate to the host). The loop inside the kernel runs
 while a row of the block is pending, at most the cap.
@@ -177,7 +177,7 @@ def solve_block(problem, x, k, l, init, *, free_passes: int = bounded_newton.FRE
   ``x`` is ``(rows, n)`` (already normalized), ``k``, ``l`` and ``init`` (or ``None``)
   are ``(rows,)``, all in the accumulation dtype. Bracket and start from the problem,
   then passes of :func:`bounded_newton.bounded_step` while a row is pending, at most
-  :func:`bounded_newton.pass_cap` (a row stops by its own rules before: Proposition 16),
+  :func:`bounded_newton.pass_cap` (a row stops by its own rules before: Proposition 17),
   then the problem's ``snap`` and the bracket's known rows. Returns ``(lam, iter_num,
   certified)``; ``certified`` (stopped by a rule or answered by the bracket) holds for
   every row by construction and is returned for the tests.
@@ -396,7 +396,7 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
     the dtype of ``x`` (``None`` without ``write_output``); per row, in the
     accumulation dtype (:func:`accumulation_dtype`), the threshold of the normalized
     row ``problem.shift(x, origin)``, the normalization origin, the int32 passes, the
-    bool certificate (true for every row: Proposition 16) and
+    bool certificate (true for every row: Proposition 17) and
     :math:`|\hat\phi(\lambda)|`.
   """
   if x.ndim != 2 or not fits(x.shape[1]):
