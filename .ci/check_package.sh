@@ -25,7 +25,9 @@ echo "== contents"
 import sys, tarfile, zipfile
 wheel, sdist = sys.argv[1:]
 names = zipfile.ZipFile(wheel).namelist()
-need = ["implicit_topk/__init__.py", "implicit_topk/py.typed"]
+need = ["implicit_topk/__init__.py", "implicit_topk/py.typed",
+        "implicit_topk/kernels/cpu/__init__.py", "implicit_topk/kernels/cpu/native_threshold.py",
+        "implicit_topk/kernels/gpu/__init__.py", "implicit_topk/kernels/gpu/pallas_threshold.py"]
 missing = [n for n in need if n not in names]
 missing += [] if any(n.endswith(".dist-info/licenses/LICENSE") for n in names) else ["LICENSE"]
 meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
@@ -52,6 +54,8 @@ python3 -m venv "$tmp/venv"
 (
   cd "$tmp"
   "$tmp/venv/bin/python" -c "import implicit_topk, sys; print('installed', implicit_topk.__version__, 'from', implicit_topk.__file__); sys.exit(0 if '/venv/' in implicit_topk.__file__ else 1)"
+  # the default CPU kernel, built from the installed sources on first use
+  "$tmp/venv/bin/python" -c "import jax.numpy as jnp, implicit_topk as itk; print('native mask', itk.soft_topk_mask(jnp.array([3.0, 1.0, 2.0]), 1.5, solver='native'))"
   "$tmp/venv/bin/implicit-topk" --help > "$tmp/help.txt"
   head -3 "$tmp/help.txt"
 )
