@@ -62,22 +62,29 @@ def capped_mask(rows, k, l, m: int, a: float):
 
   At :math:`l^\star` the threshold is the cut :math:`c` exactly, so the mask is
   :math:`y_i = \min(1, ((x_i - c)\,t^\star)^a)` with :math:`(t^\star)^a = (k - W_J) /
-  R_J`: the saturated entries are 1 and the others :math:`d_i^a (k - W_J) / R_J`,
-  which sum to :math:`k - W_J` to rounding whatever the gaps' scale (solving the mask
-  again at a strength of the size of a few ulps of ``x`` would not). ``k`` and ``l``
-  have the rows' shape, ``a = 1/(p-1)``; rows with NaN and rows of at most ``m`` entries
-  never bind."""
+  R_J`: the saturated entries are 1 and the others :math:`(d_i/s)^a (k - W_J) /
+  \sum_j (d_j/s)^a` over the unsaturated ones (:math:`s` the largest of their gaps:
+  every factor of order 1, whatever the gaps' scale). The discrete choices (the cut's
+  rank, the piece :math:`J`, which entries saturate) come from one ``lax.top_k`` of
+  ``m + 1`` entries without derivatives; the values are elementwise maps and row
+  reductions of the whole row (no gather or scatter in the derivatives). ``k`` and ``l``
+  have the rows' shape, ``a = 1/(p-1)``; rows with NaN and rows of at most ``m``
+  entries never bind."""
   n = rows.shape[-1]
   if m >= n:
     return jnp.zeros(rows.shape[:-1], bool), jnp.zeros_like(rows), jnp.ones(rows.shape, bool)
-  top = lax.top_k(rows, m + 1)[0]  # descending
-  c = top[..., m]
-  strictly_above = jnp.sum(top[..., :m] > c[..., None], axis=-1).astype(rows.dtype)
+  # descending; the barrier keeps XLA:CPU's top-k kernel (slicing its output inside a
+  # fusion made XLA rewrite it as a full sort of every row: 10x slower at 16384 x 64)
+  top = lax.optimization_barrier(lax.stop_gradient(lax.top_k(rows, m + 1)[0]))
+  c_value = top[..., m]
+  strictly_above = jnp.sum(top[..., :m] > c_value[..., None], axis=-1).astype(rows.dtype)
   # The tie rule: fewer than k entries above c -> the cut moves below c, where the
-  # entries tied at c enter with their count as weight.
+  # entries tied at c enter together.
   tied = strictly_above < k
-  count_c = jnp.sum(rows == c[..., None], axis=-1).astype(rows.dtype)
-  below = jnp.max(jnp.where(rows < c[..., None], rows, -jnp.inf), axis=-1)
+  at_c = rows == c_value[..., None]
+  count_c = jnp.sum(at_c, axis=-1).astype(rows.dtype)
+  below = jnp.max(jnp.where(rows < c_value[..., None], rows, -jnp.inf), axis=-1)
+  c = jnp.sum(jnp.where(at_c, rows, 0.0), axis=-1) / jnp.maximum(count_c, 1.0)  # = c_value
   cut = jnp.where(tied, below, c)
   position = jnp.arange(m + 1)
   ones = jnp.ones_like(top)
@@ -87,36 +94,38 @@ def capped_mask(rows, k, l, m: int, a: float):
                                          count_c[..., None], 0.0)),
                      jnp.where(position < m, ones, 0.0))
   finite_cut = jnp.isfinite(cut)
-  safe_cut = jnp.where(finite_cut, cut, 0.0)
-  gaps = top - safe_cut[..., None]
-  ratio, scale, t_star, top_saturated = _crossing_piece(gaps, weight, k, a)
+  cut_value = lax.stop_gradient(jnp.where(finite_cut, cut, 0.0))
+  t_star, gap_saturated = _crossing_piece(top - cut_value[..., None], weight, k, a)
   binds = (finite_cut & (t_star * l > 1) & ~jnp.any(jnp.isnan(top), axis=-1)
            & ~jnp.isnan(k) & ~jnp.isnan(l))
-  # The whole row: entries above the cut; those at or above the J-th largest saturate.
-  d = rows - safe_cut[..., None]
-  live = rows > jnp.where(finite_cut, cut, jnp.inf)[..., None]
-  finite = live & jnp.isfinite(d)
-  safe_d = jnp.where(finite, d / scale[..., None], 1.0)  # O(1): no square of a tiny R_J
-  fraction = jnp.where(finite, safe_d ** a, 0.0) * ratio[..., None]
-  saturated = live & ((d >= top_saturated[..., None]) | ~jnp.isfinite(d))
-  mask = jnp.where(saturated, 1.0, jnp.where(live, jnp.minimum(fraction, 1.0), 0.0))
+  # The whole row: entries above the cut; those at or above the J-th largest gap saturate.
+  d = rows - jnp.where(finite_cut, cut, 0.0)[..., None]
+  live = rows > jnp.where(finite_cut, cut_value, jnp.inf)[..., None]
+  saturated = live & ((lax.stop_gradient(d) >= gap_saturated[..., None]) | ~jnp.isfinite(d))
+  unsaturated = live & ~saturated
+  scale = jnp.max(jnp.where(unsaturated, d, 0.0), axis=-1)
+  scale = jnp.where(scale > 0, scale, 1.0)
+  relative = jnp.where(unsaturated, d / scale[..., None], 1.0) ** a
+  relative = jnp.where(unsaturated, relative, 0.0)
+  total = jnp.sum(relative, axis=-1)
+  remaining = k - jnp.sum(saturated, axis=-1).astype(rows.dtype)
+  ratio = jnp.where((total > 0) & (remaining > 0), remaining, 0.0) / jnp.where(total > 0, total, 1.0)
+  mask = jnp.where(saturated, 1.0, jnp.minimum(relative * ratio[..., None], 1.0))
   return binds, mask.astype(rows.dtype), live
 
 
 def _crossing_piece(gaps, weight, k, a):
-  r"""On the piece where :math:`S(t) = \sum_i w_i \min(1, d_i t)^a` crosses ``k``,
-  per row: ``(ratio, scale, t, top)``. ``scale`` :math:`s` is the largest unsaturated
-  gap and ``ratio`` :math:`= (k - W_J) / (R_J / s^a) = (s t)^a`, so an unsaturated
-  entry's mask is :math:`(d_i / s)^a` times ``ratio`` (every factor of order 1: their
-  derivatives never square a tiny :math:`R_J`); ``t`` is the smallest :math:`t` with
-  :math:`S(t) \ge k` (0 where none is finite) and ``top`` the J-th largest gap
-  (entries at or above it saturate: ``+inf`` where :math:`J = 0`). ``gaps`` :math:`d`
-  (..., m+1) are descending, ``+inf`` for infinite entries (always saturated).
+  r"""On the piece where :math:`S(t) = \sum_i w_i \min(1, d_i t)^a` crosses ``k``, per
+  row (no derivatives: the choice of the piece): ``(t, top)`` with ``t`` the smallest
+  :math:`t` with :math:`S(t) \ge k` (0 where none is finite) and ``top`` the J-th
+  largest gap (entries at or above it saturate: ``+inf`` where :math:`J = 0`). ``gaps``
+  :math:`d` (..., m+1) are descending, ``+inf`` for infinite entries (always saturated).
 
   Breakpoints :math:`t_j = 1/d_j`: there :math:`S = B_j = W_j + R_j / d_j^a` with
   :math:`W_j = \sum_{i \le j} w_i` and :math:`R_j = \sum_{i > j} w_i d_i^a`,
   nondecreasing in :math:`j`; :math:`J` counts the breakpoints with
-  :math:`B_j \le k`."""
+  :math:`B_j \le k`; on piece :math:`J`, :math:`t^a = (k - W_J) / R_J`."""
+  gaps, weight, k = (lax.stop_gradient(v) for v in (gaps, weight, k))
   positive = (gaps > 0) & (weight > 0)
   finite = positive & jnp.isfinite(gaps)
   safe = jnp.where(finite, gaps, 1.0)  # no 0 ** a (an infinite slope for a < 1), no inf
@@ -127,24 +136,16 @@ def _crossing_piece(gaps, weight, k, a):
   suffix = jnp.flip(jnp.cumsum(jnp.flip(terms, axis=-1), axis=-1), axis=-1)
   rest = jnp.concatenate([suffix[..., 1:], jnp.zeros_like(suffix[..., :1])], axis=-1)
   at_break = jnp.where(positive, saturated + jnp.where(finite, rest / safe ** a, 0.0), jnp.inf)
-  big_j = jnp.sum(lax.stop_gradient(at_break) <= k[..., None], axis=-1)  # J, 0..m+1
+  big_j = jnp.sum(at_break <= k[..., None], axis=-1)  # J, 0..m+1
   pick = lambda table: jnp.take_along_axis(table, jnp.maximum(big_j - 1, 0)[..., None],
                                            axis=-1)[..., 0]
   w_j = jnp.where(big_j > 0, pick(saturated), 0.0)
   r_j = jnp.where(big_j > 0, pick(rest), suffix[..., 0])
   d_j = jnp.where(big_j > 0, pick(gaps), jnp.inf)
   reachable = (r_j > 0) & (k > w_j)
-  # The largest unsaturated gap (position J, 0-based) and R_J relative to it.
-  scale = jnp.take_along_axis(gaps, jnp.minimum(big_j, gaps.shape[-1] - 1)[..., None],
-                              axis=-1)[..., 0]
-  scale = jnp.where(reachable & jnp.isfinite(scale) & (scale > 0), scale, 1.0)
-  unsaturated = jnp.arange(gaps.shape[-1]) >= big_j[..., None]
-  relative = jnp.sum(jnp.where(finite & unsaturated, w * (safe / scale[..., None]) ** a, 0.0),
-                     axis=-1)
-  ratio = jnp.where(reachable, k - w_j, 0.0) / jnp.where(reachable & (relative > 0), relative, 1.0)
   # k reached at the breakpoint 1/d_J itself (then R_J = 0, or rounds to next to nothing).
   exact_break = (big_j > 0) & (w_j >= k)
   safe_d_j = jnp.where(jnp.isfinite(d_j) & (d_j > 0), d_j, 1.0)
-  t_power = lax.stop_gradient(jnp.where(reachable, k - w_j, 1.0) / jnp.where(reachable, r_j, 1.0))
+  t_power = jnp.where(reachable, k - w_j, 1.0) / jnp.where(reachable, r_j, 1.0)
   t = jnp.where(exact_break, 1.0 / safe_d_j, jnp.where(reachable, t_power ** (1.0 / a), 0.0))
-  return ratio, scale, lax.stop_gradient(t), jnp.where(big_j > 0, d_j, jnp.inf)
+  return t, jnp.where(big_j > 0, d_j, jnp.inf)
