@@ -78,7 +78,7 @@ def target_platform() -> str:
   """The platform a call made here runs on: that of ``jax.default_device`` where one
   is set (``jax.default_device(jax.devices("cpu")[0])`` on a GPU machine runs on the
   CPU), else the default backend (``"cpu"``, ``"gpu"``, ``"tpu"``, ...)."""
-  device = jax.config.jax_default_device
+  device = getattr(jax.config, "jax_default_device", None)
   if device is None:
     return jax.default_backend()
   if isinstance(device, str):
@@ -165,7 +165,7 @@ class PlatformSolver(ThresholdRootSolver):
     return self._per_platform("solve_and_map", x, k, l)
 
 
-_CPU_CALLS_LOWERED_EVERYWHERE = []
+_CPU_CALLS_LOWERED_EVERYWHERE: list = []
 
 
 def _lower_cpu_calls_on_every_platform() -> None:

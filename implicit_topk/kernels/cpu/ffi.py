@@ -256,7 +256,7 @@ ad.primitive_transposes[_linear_call] = _linear_transpose
 ad.primitive_jvps[_linear_call] = _linear_jvp
 
 
-_LOWERS_WITH_DEVICES = []
+_LOWERS_WITH_DEVICES: list = []
 
 
 def _lower_with_devices() -> None:

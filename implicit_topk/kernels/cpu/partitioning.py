@@ -127,7 +127,7 @@ def _cotangent(axis, attributes, x, lam, shift, l, y_bar, lam_bar):
 
 
 def _sharded_forms() -> dict[str, Callable]:
-  forms = {"capped_simplex": _capped_simplex, "magnitude": _magnitude}
+  forms: dict[str, Callable] = {"capped_simplex": _capped_simplex, "magnitude": _magnitude}
   for rule in ("cubic", "linear", "general"):
     forms[f"capped_simplex_tangent_{rule}"] = _tangent
     forms[f"capped_simplex_cotangent_{rule}"] = _cotangent
@@ -209,7 +209,7 @@ def _partition(call: Call, mesh, operand_shapes, result_shapes):
   ndim = len(x.shape)
   spec = _spec(x.sharding, ndim) if isinstance(x.sharding, NamedSharding) else (None,) * ndim
   batch, reduced = spec[:-1], spec[-1]
-  form = SHARDED_FORMS.get(_family(call.target))
+  form = SHARDED_FORMS.get(_family(call.target) or "")
   if reduced is not None and (form is None or x.shape[-1] % _axis_size(mesh, reduced)):
     reduced = None
   full, row = NamedSharding(mesh, P(*batch, reduced)), NamedSharding(mesh, P(*batch))

@@ -45,7 +45,7 @@ FAMILIES = {
     "pav_permutahedron": ("pav", "pav_ffi", "permutahedron_{}"),
 }
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
-_OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
+_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
 _BUILD_LOCK = threading.RLock()
 _REGISTERED: set = set()
 

@@ -41,7 +41,7 @@ def platform_select(args, branches: dict, default):
     closed.append(jaxpr)
     trees.append(jax.tree.structure(shape))
   avals = [tuple((a.shape, a.dtype) for a in j.out_avals) for j in closed]
-  if any(tree != trees[0] for tree in trees) or any(a != avals[0] for a in avals):
+  if any(str(tree) != str(trees[0]) for tree in trees) or any(a != avals[0] for a in avals):
     raise ValueError("platform_select: every branch must return the same structure, shapes "
                      f"and dtypes; got {list(zip(names + ('default',), avals))}.")
   outs = platform_select_p.bind(*args, jaxprs=tuple(closed), platforms=names)
