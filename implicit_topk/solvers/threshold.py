@@ -36,6 +36,29 @@ def tolerances(dtype) -> tuple[float, float]:
   return 4 * eps, float(np.sqrt(eps))
 
 
+def newton_proposal(derivatives, lam, lo, hi, tols, step_scale, residual_scale):
+  """The safeguarded iteration's proposal at ``lam``: ``(phi, phi', lo, hi, step, newton,
+  scale, small_step, accept)``. The bracket ``[lo, hi]`` shrinks to ``lam`` on the side
+  ``phi`` says; ``step`` is Newton's step, or Schroeder's where it is longer; ``newton =
+  lam - step``; ``accept`` marks a step below ``step_tol * scale`` with ``abs(phi)`` at
+  rounding level (shared by :func:`safeguarded_newton_step` and the GPU kernel's
+  bounded iteration)."""
+  step_tol, phi_tol = tols
+  phi, dphi, d2phi = derivatives(lam)
+  lo = jnp.where(phi > 0, lam, lo)
+  hi = jnp.where(phi < 0, lam, hi)
+  newton_step = phi / jnp.where(dphi < 0, dphi, -1)
+  denominator = dphi * dphi - phi * d2phi
+  schroeder_step = phi * dphi / jnp.where(denominator > 0, denominator, 1)
+  longer = (denominator > 0) & (jnp.abs(schroeder_step) > jnp.abs(newton_step))
+  step = jnp.where(longer, schroeder_step, newton_step)
+  newton = lam - step
+  scale = step_scale(lam)
+  small_step = jnp.abs(step) <= step_tol * scale
+  accept = (dphi < 0) & small_step & (jnp.abs(phi) <= phi_tol * residual_scale(lam))
+  return phi, dphi, lo, hi, step, newton, scale, small_step, accept
+
+
 def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_scale,
                             geometric=False):
   """One safeguarded (Schroeder-)Newton iteration on a nonincreasing scalar function.
@@ -57,20 +80,10 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   coordinate leaving 0, could otherwise stall Newton); a collapsed bracket or
   ``phi == 0`` also stop.
   """
-  step_tol, phi_tol = tols
+  step_tol = tols[0]
   lam, lo, hi, prev_step, done, iter_num = carry
-  phi, dphi, d2phi = derivatives(lam)
-  lo = jnp.where(phi > 0, lam, lo)
-  hi = jnp.where(phi < 0, lam, hi)
-  newton_step = phi / jnp.where(dphi < 0, dphi, -1)
-  denominator = dphi * dphi - phi * d2phi
-  schroeder_step = phi * dphi / jnp.where(denominator > 0, denominator, 1)
-  longer = (denominator > 0) & (jnp.abs(schroeder_step) > jnp.abs(newton_step))
-  step = jnp.where(longer, schroeder_step, newton_step)
-  newton = lam - step
-  scale = step_scale(lam)
-  small_step = jnp.abs(step) <= step_tol * scale
-  accept = (dphi < 0) & small_step & (jnp.abs(phi) <= phi_tol * residual_scale(lam))
+  phi, dphi, lo, hi, step, newton, scale, small_step, accept = newton_proposal(
+      derivatives, lam, lo, hi, tols, step_scale, residual_scale)
   use_newton = accept | ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
                          & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)))
   middle = midpoint(lo, hi)

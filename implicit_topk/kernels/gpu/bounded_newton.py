@@ -86,20 +86,10 @@ def bounded_step(derivatives, carry, *, tols, step_scale, residual_scale, geomet
   safeguarded_newton_step` (with R4 as one more stopping rule); after it, every other
   pass bisects the bracket's ordered bit patterns.
   """
-  step_tol, phi_tol = tols
+  step_tol = tols[0]
   lam, lo, hi, prev_step, done, iter_num = carry
-  phi, dphi, d2phi = derivatives(lam)
-  lo = jnp.where(phi > 0, lam, lo)
-  hi = jnp.where(phi < 0, lam, hi)
-  newton_step = phi / jnp.where(dphi < 0, dphi, -1)
-  denominator = dphi * dphi - phi * d2phi
-  schroeder_step = phi * dphi / jnp.where(denominator > 0, denominator, 1)
-  longer = (denominator > 0) & (jnp.abs(schroeder_step) > jnp.abs(newton_step))
-  step = jnp.where(longer, schroeder_step, newton_step)
-  newton = lam - step
-  scale = step_scale(lam)
-  small_step = jnp.abs(step) <= step_tol * scale
-  accept = (dphi < 0) & small_step & (jnp.abs(phi) <= phi_tol * residual_scale(lam))
+  phi, dphi, lo, hi, step, newton, scale, small_step, accept = _threshold.newton_proposal(
+      derivatives, lam, lo, hi, tols, step_scale, residual_scale)
   forced = (iter_num >= free_passes) & ((iter_num - free_passes) % 2 == 0)
   use_newton = accept | ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
                          & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)) & ~forced)
