@@ -53,6 +53,7 @@ _SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quick
 _MAXITER = 200
 _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a sample
 _ONE_PASS_ROW = 512  # up to this row length, k <= 2: one pass finds the bracket (no guess)
+_IN_PLACE_ROW = 16  # up to this row length, k <= 2: Newton runs on the row itself (no gather)
 _LOWEST = -np.finfo(np.float64).max
 _EPS64 = float(np.finfo(np.float64).eps)
 _INT_MAX = np.int64(np.iinfo(np.int64).max)
@@ -700,6 +701,49 @@ def _write_finite_mask(row, n, lam, l, kind, a, origin, out):
   return total
 
 
+@njit(inline="always", **_OPTIONS)
+def _small_k_row(row, n, k, l, a, tol, root_eps, work):
+  """The threshold of a p-norm row with ``0 < k <= 2`` and ``k < n - 1`` (the router
+  rows), in one pass over the row: the pass checks that every entry is finite, keeps
+  the three largest entries (min/max pairs) and, for rows longer than
+  :data:`_IN_PLACE_ROW`, gathers the candidates as :func:`_one_pass_bracket` does;
+  shorter rows are iterated on in place (the entries at or below the bracket's lower
+  end add exact zeros to phi and its derivatives, so the sums are those over the
+  candidates in row order: the same threshold to the bit as the general path).
+  Returns (ok, lam, passes); not ``ok`` (a non-finite entry, or a row far from 0
+  relative to ``l``, to be solved relative to its maximum) leaves the row to the
+  general path."""
+  m, j = int(math.ceil(k)), int(math.floor(k))
+  s0, s1, s2 = -np.inf, -np.inf, -np.inf
+  finite = True
+  count = 0
+  gather = n > _IN_PLACE_ROW
+  for i in range(n):
+    v = float(row[i])
+    finite &= abs(v) < np.inf  # False at +-inf and NaN (a one-cycle chain: no sum)
+    if gather:
+      work[count] = v
+      count += v > (s0 if m == 1 else s1) - l
+    carried = min(s0, v)
+    s0 = max(s0, v)
+    s2 = max(s2, min(s1, carried))
+    s1 = max(s1, carried)
+  if not finite or abs(s0) * root_eps > l:
+    return False, 0.0, 0
+  x_m = s0 if m == 1 else s1
+  x_next = s0 if j == 0 else (s1 if j == 1 else s2)
+  lo, hi = x_m - l, x_next
+  if j == m and lo >= hi:  # binary: the middle of the flat root interval
+    return True, _midpoint(hi, lo), 0
+  start = lo + min(max(0.5 ** a, 0.1), 0.9) * (hi - lo)
+  if not gather:
+    lam, passes = _newton(row, n, k, l, PNORM, a, lo, hi, start, tol)
+    return True, lam, passes
+  count = _count_above(work, count, lo)
+  lam, passes = _newton(work, count, k, l, PNORM, a, lo, hi, start, tol)
+  return True, lam, passes
+
+
 @njit(**_OPTIONS)
 def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
@@ -715,6 +759,12 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   root_eps = math.sqrt(np.finfo(lam.dtype).eps)
   for b in range(rows):
     row, lb, kb = x[b], float(l[b]), float(k[b])
+    if kind == PNORM and kb > 0.0 and kb <= 2.0 and kb < n - 1 and n <= _ONE_PASS_ROW:
+      solved, value, it = _small_k_row(row, n, kb, lb, a, tol, root_eps, work)
+      if solved:
+        residual[b] = abs(_write_finite_mask(row, n, value, lb, kind, a, 0.0, y[b]) - kb)
+        lam[b], passes[b], shift[b] = value, it, 0.0
+        continue
     finite = _all_finite(row, n)
     top = _max_of_finite(row, n) if n > 0 and finite else _finite_counts(row, n, 0.0)[4]
     # As the problems' normalize: rows far from 0 relative to l are solved relative to
