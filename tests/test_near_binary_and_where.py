@@ -1,7 +1,11 @@
 """Issue 33, items 1, 2 and 4: ``where=`` with every regularizer and solver (the native
 sigmoid kernel counted the excluded entries in its bracket), near-binary rows of the
 smooth regularizers (the complement form of phi, ``proofs/complement_form.md``), and
-p = 4/3 rows near the float maximum.
+p = 4/3 rows near the float maximum. Every solver that finds a threshold is checked:
+``native``, ``threshold``, ``pav`` and ``pallas`` (the fused GPU kernel, run here in Pallas
+interpret mode: the kernel body evaluates phi through the problem's own complement form,
+so near-binary rows are resolved inside the kernel too; its long-row path, read in
+chunks, is checked separately).
 
 Every value is checked against the independent references of ``tests/references.py``:
 the rational/bisection mask reference for ``where=``, and for near-binary rows a
@@ -23,6 +27,8 @@ import pytest
 
 import implicit_topk as itk
 from implicit_topk import solvers as itk_solvers
+from implicit_topk.kernels.gpu import pallas_threshold
+from implicit_topk.solvers.pallas import PallasSolver
 
 sys.path.insert(0, os.path.dirname(__file__))
 import references as ref  # noqa: E402
@@ -30,9 +36,11 @@ import references as ref  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 SMOOTH = ("sigmoid", "laplace")
-SOLVERS = ("native", "threshold", "pav")
+# "pallas": the fused GPU kernel, here in Pallas interpret mode (the same kernel body as
+# XLA operations on the CPU; tests/test_gpu_lowering.py lowers it for CUDA).
+SOLVERS = ("native", "threshold", "pav", "pallas")
 _SOLVER_CLASSES = {"native": itk_solvers.NativeSolver, "threshold": itk_solvers.ThresholdSolver,
-                   "pav": itk_solvers.PAVSolver}
+                   "pav": itk_solvers.PAVSolver, "pallas": PallasSolver}
 
 
 def _default_native():
@@ -195,6 +203,26 @@ def _everything(solver, name, x, k, l, w):
   return (np.asarray(a, np.float64) for a in run(*map(jnp.asarray, (x, k, l, w))))
 
 
+def _check_lam_and_mask(hp, x, l, lam, y, r):
+  """lam and y of one row against the decimal reference ``hp``; returns the relative
+  error bound ``rel`` of its tails and slopes."""
+  dtype = x.dtype
+  eps = float(np.finfo(dtype).eps)
+  lam_ref = float(hp["lam"])
+  ulp = float(np.spacing(np.asarray(abs(lam_ref), dtype)))
+  # lam to a few ulps of itself and of the distances x_i - lam that set it (those
+  # rounded once: phi is known to a relative eps |x_i - lam| / l per entry); each z_i
+  # then to delta_i
+  relevant = hp["dk"] >= 1e-6 * hp["dk"].max()
+  spread = np.abs(x.astype(np.float64) - lam_ref)[relevant].max()
+  assert abs(lam - lam_ref) <= 4 * ulp + 4 * eps * spread, (r, lam, lam_ref)
+  delta = 8 * (4 * ulp + eps * (np.abs(x.astype(np.float64)) + abs(lam_ref))) / l
+  rel = np.expm1(2 * delta.max())
+  tail = np.minimum(hp["y"], 1 - hp["y"])
+  np.testing.assert_array_less(np.abs(y - hp["y"]), tail * rel + 2 * eps + float(np.finfo(dtype).tiny))
+  return rel
+
+
 def check_near_binary(solver, name, x, k, l):
   """lam, y, dy/dk (a jvp in k) and d/dx sum(w y) (a vjp) of every row against the
   decimal reference."""
@@ -205,18 +233,7 @@ def check_near_binary(solver, name, x, k, l):
   lam, y, dk, grad = _everything(solver, name, x, k, l, w)
   for r in range(x.shape[0]):
     hp = ref.dense_mask_row_hp(x[r], k[r], l[r], name)
-    lam_ref = float(hp["lam"])
-    ulp = float(np.spacing(np.asarray(abs(lam_ref), dtype)))
-    # lam to a few ulps of itself and of the distances x_i - lam that set it (those
-    # rounded once: phi is known to a relative eps |x_i - lam| / l per entry); each z_i
-    # then to delta_i
-    relevant = hp["dk"] >= 1e-6 * hp["dk"].max()
-    spread = np.abs(x[r].astype(np.float64) - lam_ref)[relevant].max()
-    assert abs(lam[r] - lam_ref) <= 4 * ulp + 4 * eps * spread, (r, lam[r], lam_ref)
-    delta = 8 * (4 * ulp + eps * (np.abs(x[r].astype(np.float64)) + abs(lam_ref))) / l[r]
-    rel = np.expm1(2 * delta.max())
-    tail = np.minimum(hp["y"], 1 - hp["y"])
-    np.testing.assert_array_less(np.abs(y[r] - hp["y"]), tail * rel + 2 * eps + tiny)
+    rel = _check_lam_and_mask(hp, x[r], l[r], lam[r], y[r], r)
     np.testing.assert_array_less(np.abs(dk[r] - hp["dk"]), 2 * rel * hp["dk"] + 4 * tiny)
     vjp, scale = ref.dense_mask_vjp_hp(hp, w[r], l[r])
     np.testing.assert_array_less(np.abs(grad[r] - vjp), (2 * rel + 16 * eps) * scale + 4 * tiny / l[r])
@@ -224,12 +241,39 @@ def check_near_binary(solver, name, x, k, l):
     assert abs(dk[r].sum() - 1) <= 16 * rel + 64 * eps
 
 
-@pytest.mark.parametrize("name", SMOOTH)
-@pytest.mark.parametrize("solver", _default_native())
-@pytest.mark.parametrize("dtype,gaps", [(np.float64, (60, 250, 700)), (np.float32, (30, 60, 85))])
+def _near_binary_cases():
+  """The native kernel (the CPU default) and the fused GPU kernel in interpret mode on
+  float32 sigmoid rows in the default run, the rest in the slow group."""
+  for dtype, gaps in [(np.float64, (60, 250, 700)), (np.float32, (30, 60, 85))]:
+    for solver in SOLVERS:
+      for name in SMOOTH:
+        default = solver == "native" or (solver == "pallas" and name == "sigmoid"
+                                         and dtype == np.float32)
+        yield pytest.param(solver, name, dtype, gaps, marks=() if default else pytest.mark.slow,
+                           id=f"{np.dtype(dtype).name}-{name}-{solver}")
+
+
+@pytest.mark.parametrize("solver,name,dtype,gaps", list(_near_binary_cases()))
 def test_near_binary_rows_match_the_decimal_reference(solver, name, dtype, gaps):
   x, k, l = near_binary_rows(np.random.default_rng(2), 3, 7, gaps, dtype)
   check_near_binary(solver, name, x, k, l)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMOOTH)
+@pytest.mark.parametrize("dtype,gaps", [(np.float64, (60, 250, 700)), (np.float32, (30, 60, 85))])
+def test_near_binary_rows_in_the_chunked_kernel(name, dtype, gaps):
+  """The fused kernel's long-row path (one row per program, read in chunks: here chunks
+  of 2 entries, interpret mode) gives the decimal reference's threshold and mask."""
+  x, k, l = near_binary_rows(np.random.default_rng(3), 3, 8, gaps, dtype)
+  problem = itk.problems.CappedSimplex(itk.BinaryEntropy() if name == "sigmoid" else itk.Laplace())
+  y, lam, origin, _, certified, _ = pallas_threshold.fused_rows(
+      problem, jnp.asarray(x), jnp.asarray(k), jnp.asarray(l), interpret=True, chunk=2)
+  assert np.all(np.asarray(certified))
+  lam = np.asarray(lam + origin, np.float64)
+  y = np.asarray(y, np.float64)
+  for r in range(x.shape[0]):
+    _check_lam_and_mask(ref.dense_mask_row_hp(x[r], k[r], l[r], name), x[r], l[r], lam[r], y[r], r)
 
 
 @pytest.mark.slow
