@@ -21,6 +21,7 @@ from jax.typing import ArrayLike
 from implicit_topk import _standardize
 from implicit_topk import _validation
 from implicit_topk import support_budget
+from implicit_topk.solvers import base as _solvers_base
 from implicit_topk.problems import layout as _layout
 
 #: The public name of the regularization strength ``l``, used in error messages.
@@ -169,9 +170,9 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   ``excluded_value`` (never selected) and are returned as exactly 0. ``standardize``
   (None or a power ``a``): the strength is ``l`` times each row's standard deviation
   to the power ``a`` (:func:`implicit_topk._standardize.row_spread`). ``max_support``
-  (None or an int ``m``; whole rows, p-norms): rows whose mask would have more than ``m``
-  nonzero entries get the mask at the largest strength that has ``m``
-  (:mod:`implicit_topk.support_budget`).
+  (None or an int ``m``; whole rows, p-norms): the mask at the largest strength at most
+  ``l`` whose mask has at most ``m`` nonzero entries, from one ``lax.top_k`` without the
+  solver (:mod:`implicit_topk.support_budget`; ``return_info`` then reports 0 passes).
   """
   layout = solver.layout
   if standardize is not None:
@@ -181,12 +182,14 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
   k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)
   l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), row_shape)
-  y, state = solver.solve_and_map(rows, k_rows, l_rows)
-  if max_support is not None:  # rows over the budget: the mask at l*, in closed form
-    binds, capped, live = support_budget.capped_mask(rows.astype(dtype), k_rows, l_rows,
-                                                     max_support,
-                                                     solver.problem.regularizer.exponent)
-    y = jnp.where(binds[..., None], capped.astype(y.dtype), jnp.where(live, y, 0))
+  if max_support is not None and _budget_applies(max_support, rows):
+    # one top_k and two small problems on its values; no solver runs
+    y = support_budget.budget_mask(rows, k_rows, l_rows, max_support,
+                                   solver.problem.regularizer)
+    state = _solvers_base.RootState(iter_num=jnp.zeros(row_shape, jnp.int32),
+                                    residual=jax.lax.stop_gradient(jnp.abs(y.sum(-1) - k_rows)))
+  else:  # without a budget, or rows of at most max_support entries (it never binds)
+    y, state = solver.solve_and_map(rows, k_rows, l_rows)
   # A traced l is not checked: l <= 0, l >= max_strength (or NaN) gives NaN rows, never a
   # wrong mask.
   upper = _validation.max_strength(dtype)
@@ -195,6 +198,13 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   if where is not None:
     y = jnp.where(where, y, jnp.zeros_like(y))
   return (y, state) if return_info else y
+
+
+def _budget_applies(max_support: int, rows: Any) -> bool:
+  """Whether rows of ``rows`` can exceed ``max_support`` entries (a symbolic length is
+  taken to be longer)."""
+  n = _static(rows.shape[-1])
+  return n is None or max_support < n
 
 
 def _solve_rows(x, k, l, where, segment_ids, *, solver, axis, return_info, standardize=None,
@@ -275,6 +285,9 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
   axis = _validation.canonicalize_axis(axis, x.ndim)
   batch_shape = x.shape[:axis] + x.shape[axis + 1:]
   n = x.shape[axis]
+  if max_support is not None and axis_name is not None:
+    raise ValueError("`max_support` needs whole rows on each device; it does not combine "
+                     "with `axis_name` (under jax.jit, a NamedSharding along the row works).")
   if axis_name is not None:
     _layout.check_axis_name(axis_name, x)
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
@@ -284,9 +297,6 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
   where = check_where(where, x)
   _validation.check_k(k, n)
   if max_support is not None:
-    if axis_name is not None:
-      raise ValueError("`max_support` needs whole rows on each device; it does not combine "
-                       "with `axis_name`.")
     support_budget.check_max_support(max_support, _validation.concrete(k),
                                      solver.problem.regularizer)
   concrete_where = None if where is None else _validation.concrete(where)

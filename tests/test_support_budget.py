@@ -1,8 +1,10 @@
 """``soft_topk_mask(..., max_support=m)``: at most m nonzero entries per row, against an
-independent reference (the reference mask of tests/references.py at a strength found by
-bisection on the budget's equation, not the library's closed form), the plain mask where
-the bound does not bind, the tie rule, continuity, gradients against central differences
-and the argument checks."""
+independent reference: the exact reference mask of tests/references.py (rational
+breakpoints, float64 bisection) at the strength found by float64 bisection on the
+budget's equation with the documented tie rule (not the library's closed forms). Also:
+the plain mask where the bound does not bind, ties, non-finite rows, every dtype,
+continuity, gradients against float64 central differences, the JAX transformations and
+the argument checks."""
 
 from __future__ import annotations
 
@@ -17,35 +19,51 @@ from hypothesis import strategies as st
 import implicit_topk as itk
 import references as R
 
+slow = pytest.mark.slow
 
-def _budget_strength(row, k, l, m, p):
-  """The strength the budget asks for, by bisection (float64, in log space) on
-  sum_i mask((x_i - c) / l') = k, with the cut c of the documented tie rule."""
-  reg = R.regularizer("pnorm", p)
+
+def _cut(row, k, m):
+  """The cut of the documented tie rule, or None where the budget can never bind."""
   order = np.sort(row)[::-1]
   c = order[m]
   if np.sum(row > c) < k:
     lower = row[row < c]
-    if lower.size == 0:
-      return l
-    c = lower.max()
+    c = lower.max() if lower.size else -np.inf
+  return c if np.isfinite(c) else None
+
+
+def _budget_strength(row, k, l, m, p):
+  """The strength the budget asks for, by bisection (float64, in log space) on
+  sum_i mask((x_i - c) / l') = k, with the cut c of the documented tie rule."""
+  c = None if row.size <= m or np.isnan(row).any() else _cut(row, k, m)
+  if c is None:
+    return l
+  reg = R.regularizer("pnorm", p)
   total = lambda strength: float(np.sum(reg.mask((row - c) / strength)))
   if total(l) >= k:
     return l  # the plain mask meets the budget
-  lo, hi = np.log(l) - 200.0, np.log(l)  # total(exp(lo)) >= k > total(exp(hi))
+  lo, hi = np.log(l) - 250.0, np.log(l)  # total(exp(lo)) >= k > total(exp(hi))
   for _ in range(200):
     mid = 0.5 * (lo + hi)
     lo, hi = (mid, hi) if total(np.exp(mid)) >= k else (lo, mid)
   return float(np.exp(lo))
 
 
-def reference(x, k, l, m, p):
+def reference(x, k, l, m, p=4.0 / 3.0):
   x = np.asarray(x, np.float64)
-  out = np.empty_like(x)
-  for i, row in enumerate(x.reshape(-1, x.shape[-1])):
-    strength = _budget_strength(row, k, l, m, p)
-    out.reshape(-1, x.shape[-1])[i] = R.soft_topk_mask(row, k, strength, p)
-  return out
+  rows = x.reshape(-1, x.shape[-1])
+  ks = np.broadcast_to(np.asarray(k, np.float64), x.shape[:-1]).reshape(-1)
+  out = np.empty_like(rows)
+  for i, row in enumerate(rows):
+    strength = _budget_strength(row, ks[i], l, m, p)
+    out[i] = R.soft_topk_mask(row, ks[i], strength, p)
+  return out.reshape(x.shape)
+
+
+def allowed_support(row, k, m):
+  """m, or the entries at or above the (m+1)-th largest where the tie rule applies."""
+  c = np.sort(row)[::-1][m]
+  return m if np.sum(row > c) >= k else int(np.sum(row >= c))
 
 
 def _rows(seed, shape, ties=False):
@@ -56,75 +74,175 @@ def _rows(seed, shape, ties=False):
   return x
 
 
-slow = pytest.mark.slow
+def budget(x, k, l, m, **kw):
+  return np.asarray(itk.soft_topk_mask(jnp.asarray(x), k, regularization_strength=l,
+                                       max_support=m, **kw))
 
 
-@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0, pytest.param(1.5, marks=slow)])
-@pytest.mark.parametrize("scale", [pytest.param(1e-20, marks=slow), 1e-3,
-                                   pytest.param(1.0, marks=slow), pytest.param(1e3, marks=slow),
-                                   1e20])
+# -- the bound, the sum and the reference -------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0, pytest.param(1.5, marks=slow),
+                               pytest.param(2.5, marks=slow)])
+@pytest.mark.parametrize("scale", [1e-30, pytest.param(1e-3, marks=slow), 1.0,
+                                   pytest.param(1e3, marks=slow), 1e30])
 def test_bound_sum_and_reference_over_scales_and_strengths(p, scale):
-  x = _rows(0, (12, 9)) * scale
+  x = _rows(0, (6, 9)) * scale
   for l in (0.05 * scale, 0.5 * scale, 5.0 * scale, 500.0 * scale):
     for k, m in ((1.0, 2), (2.0, 3), (2.5, 4)):
-      y = np.asarray(itk.soft_topk_mask(jnp.asarray(x), k, regularization_strength=l, p=p,
-                                        max_support=m))
+      y = budget(x, k, l, m, p=p)
       assert np.all(np.sum(y > 0, axis=-1) <= m)
       np.testing.assert_allclose(y.sum(-1), k, rtol=0, atol=1e-12 * max(1.0, k))
-      np.testing.assert_allclose(y, reference(x, k, l, m, p), rtol=0, atol=1e-9)
+      np.testing.assert_allclose(y, reference(x, k, l, m, p), rtol=0, atol=1e-11)
 
 
-@pytest.mark.parametrize("solver", ["native", "threshold",
-                                    pytest.param("pallas", marks=pytest.mark.slow)])
-def test_every_solver_and_dtype(solver):
-  x = _rows(1, (7, 10))
-  want = reference(x, 2.0, 1.0, 3, 4.0 / 3.0)
-  for dtype, tol in ((jnp.float64, 1e-9), (jnp.float32, 2e-5)):
-    y = itk.soft_topk_mask(jnp.asarray(x, dtype), 2.0, regularization_strength=1.0,
-                           max_support=3, solver=solver)
-    assert y.dtype == dtype
-    assert np.all(np.sum(np.asarray(y) > 0, axis=-1) <= 3)
-    np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=0, atol=tol)
-  half = itk.soft_topk_mask(jnp.asarray(x, jnp.bfloat16), 2.0, max_support=3, solver=solver)
-  assert half.dtype == jnp.bfloat16 and np.all(np.sum(np.asarray(half) > 0, axis=-1) <= 3)
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0])
+def test_k_near_zero_and_near_m(p):
+  x = _rows(10, (8, 12))
+  for k, m in ((1e-9, 2), (1e-3, 1), (2.999999, 3), (4.5, 5), (0.0, 2)):
+    for l in (0.3, 30.0):
+      y = budget(x, k, l, m, p=p)
+      assert np.all(np.sum(y > 0, axis=-1) <= m)
+      np.testing.assert_allclose(y.sum(-1), k, rtol=0, atol=1e-12)
+      np.testing.assert_allclose(y, reference(x, k, l, m, p), rtol=0, atol=1e-11)
 
 
 def test_the_plain_mask_where_the_bound_does_not_bind():
-  x = jnp.asarray(_rows(2, (20, 16)))
-  for l in (0.01, 0.2):
-    plain = itk.soft_topk_mask(x, 2.0, regularization_strength=l)
-    capped = itk.soft_topk_mask(x, 2.0, regularization_strength=l, max_support=6)
-    fits = np.sum(np.asarray(plain) > 0, axis=-1) <= 6
-    assert fits.any()
-    np.testing.assert_array_equal(np.asarray(capped)[fits], np.asarray(plain)[fits])
-  big = itk.soft_topk_mask(x, 2.0, regularization_strength=3.0, max_support=16)  # m = n
-  np.testing.assert_array_equal(np.asarray(big), np.asarray(
-      itk.soft_topk_mask(x, 2.0, regularization_strength=3.0)))
+  x = _rows(2, (20, 16))
+  for l in (0.01, 0.6):
+    plain = np.asarray(itk.soft_topk_mask(jnp.asarray(x), 2.0, regularization_strength=l))
+    capped = budget(x, 2.0, l, 6)
+    fits = np.sum(plain > 0, axis=-1) <= 6
+    assert fits.any() and (fits.all() or l == 0.6)
+    # the plain mask of the reference, and the library's to a few ulps
+    np.testing.assert_allclose(capped[fits], R.soft_topk_mask(x[fits], 2.0, l), rtol=0,
+                               atol=2e-15)
+    np.testing.assert_allclose(capped[fits], plain[fits], rtol=0, atol=2e-14)
+    np.testing.assert_array_equal(capped[fits] > 0, plain[fits] > 0)
+
+
+def test_rows_of_at_most_m_entries_never_bind():
+  for n in range(1, 6):
+    x = _rows(n, (4, n))
+    k = 0.5 * n
+    for l in (0.1, 100.0):
+      y = budget(x, k, l, 5)
+      np.testing.assert_allclose(y, R.soft_topk_mask(x, k, l), rtol=0, atol=1e-14)
+
+
+# -- ties ---------------------------------------------------------------------------------
 
 
 def test_ties_enter_together_by_the_documented_rule():
   # k = 1.5, m = 2: one entry above the (m+1)-th largest (3.0), tied with the 2nd and 4th.
-  x = jnp.array([[5.0, 3.0, 3.0, 3.0, 1.0, 0.0]])
-  y = np.asarray(itk.soft_topk_mask(x, 1.5, regularization_strength=10.0, max_support=2))
+  x = np.array([[5.0, 3.0, 3.0, 3.0, 1.0, 0.0]])
+  y = budget(x, 1.5, 10.0, 2)
   assert y[0, 1] == y[0, 2] == y[0, 3] > 0 and y[0, 4] == y[0, 5] == 0
   np.testing.assert_allclose(y.sum(), 1.5, atol=1e-12)
-  np.testing.assert_allclose(y, reference(np.asarray(x), 1.5, 10.0, 2, 4.0 / 3.0), atol=1e-9)
+  np.testing.assert_allclose(y, reference(x, 1.5, 10.0, 2), atol=1e-12)
   # Enough entries strictly above the cut: the bound holds at a tie below it.
-  x = jnp.array([[5.0, 4.0, 3.0, 3.0, 1.0]])
-  y = np.asarray(itk.soft_topk_mask(x, 1.5, regularization_strength=10.0, max_support=2))
+  x = np.array([[5.0, 4.0, 3.0, 3.0, 1.0]])
+  y = budget(x, 1.5, 10.0, 2)
   assert np.sum(y > 0) == 2
-  np.testing.assert_allclose(y, reference(np.asarray(x), 1.5, 10.0, 2, 4.0 / 3.0), atol=1e-9)
+  np.testing.assert_allclose(y, reference(x, 1.5, 10.0, 2), atol=1e-12)
+  # A tie straddling the m-th place with enough entries above it: those at the cut are 0.
+  x = np.array([[5.0, 4.0, 4.0, 4.0, 4.0, 1.0]])
+  y = budget(x, 0.5, 10.0, 2)
+  assert np.sum(y > 0) == 1
+  np.testing.assert_allclose(y[0, 0], 0.5, rtol=0, atol=1e-15)
+  # Every other entry tied at the cut: no value below it, so the cut cannot move.
+  x = np.array([[5.0, 3.0, 3.0, 3.0]])
+  np.testing.assert_allclose(budget(x, 1.5, 10.0, 2), R.soft_topk_mask(x, 1.5, 10.0),
+                             atol=1e-14)
 
 
 def test_integer_k_with_k_entries_above_the_cut_is_the_hard_mask():
   x = jnp.array([[4.0, 3.0, 1.0, 1.0, 1.0, 0.0]])  # x_(4) = 1 tied; 2 entries above it
   y = itk.soft_topk_mask(x, 2.0, regularization_strength=50.0, max_support=3)
   np.testing.assert_array_equal(np.asarray(y), [[1.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+  weights = jnp.cos(x)
+  g = jax.grad(lambda z: jnp.sum(weights * itk.soft_topk_mask(
+      z, 2.0, regularization_strength=50.0, max_support=3)))(x)
+  np.testing.assert_array_equal(np.asarray(g), 0.0)  # locally constant
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.01, 100.0), st.sampled_from([4.0 / 3.0, 2.0]),
+       st.integers(2, 6), st.floats(0.05, 0.95))
+def test_property_ties_bound_sum_and_reference(seed, l, p, m, frac):
+  x = _rows(seed, (3, 9), ties=True) * 10.0 ** ((seed % 7) - 3)
+  k = (m - 1) + frac
+  y = budget(x, k, l * 10.0 ** ((seed % 7) - 3), m, p=p)
+  np.testing.assert_allclose(y.sum(-1), k, atol=1e-11)
+  for row, out in zip(x, y):
+    assert np.sum(out > 0) <= allowed_support(row, k, m)
+  np.testing.assert_allclose(y, reference(x, k, l * 10.0 ** ((seed % 7) - 3), m, p),
+                             atol=1e-10)
+
+
+@slow
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 100_000), st.floats(-30, 30), st.floats(-2, 2),
+       st.sampled_from([4.0 / 3.0, 2.0, 1.5, 3.0]), st.integers(1, 7), st.floats(0.0, 1.0),
+       st.integers(2, 14), st.booleans())
+def test_sweep_against_the_reference(seed, log_scale, log_l, p, m, frac, n, ties):
+  x = _rows(seed, (2, n), ties=ties) * 10.0 ** log_scale
+  k = min(m - 1 + frac, m - 1e-3) if m > 1 else 0.5 * frac
+  l = 10.0 ** (log_scale + log_l)
+  y = budget(x, k, l, m, p=p)
+  np.testing.assert_allclose(y.sum(-1), k, atol=1e-11)
+  if n > m:
+    for row, out in zip(x, y):
+      assert np.sum(out > 0) <= allowed_support(row, k, m)
+  np.testing.assert_allclose(y, reference(x, k, l, m, p), atol=1e-10)
+
+
+# -- non-finite inputs, where=, standardize= -----------------------------------------------
+
+
+def test_non_finite_rows_follow_the_plain_masks_rules():
+  nan = np.nan
+  inf = np.inf
+  x = np.array([[3.0, nan, 1.0, 0.0, -1.0],      # NaN -> a row of NaN
+                [inf, 2.0, 1.0, 0.0, -1.0],      # +inf -> 1, the rest share k - 1
+                [inf, inf, inf, 0.0, -1.0],      # more +inf than k: no threshold, NaN
+                [3.0, 2.0, -inf, -inf, -inf],    # fewer entries above -inf than m
+                [3.0, -inf, -inf, -inf, -inf]])  # fewer above -inf than k: NaN
+  y = budget(x, 1.5, 5.0, 3)
+  assert np.all(np.isnan(y[0])) and np.all(np.isnan(y[2])) and np.all(np.isnan(y[4]))
+  assert y[1, 0] == 1.0 and np.sum(y[1] > 0) <= 3
+  np.testing.assert_allclose(y[1], reference(x[1:2], 1.5, 5.0, 3)[0], atol=1e-12)
+  np.testing.assert_allclose(y[3], R.soft_topk_mask(x[3], 1.5, 5.0), atol=1e-14)
+  np.testing.assert_array_equal(y[3, 2:], 0.0)
+
+
+def test_where_excludes_entries_and_standardize_is_scale_free():
+  x = _rows(7, (3, 5, 8))
+  valid = np.arange(8) < 6
+  y = budget(x, 2.0, 2.0, 3, where=jnp.broadcast_to(valid, x.shape))
+  np.testing.assert_allclose(y[..., :6], budget(x[..., :6], 2.0, 2.0, 3), atol=1e-14)
+  assert np.all(y[..., 6:] == 0)
+  base = budget(x, 2.5, 0.5, 3, standardize=True)
+  np.testing.assert_allclose(budget(1e6 * x - 3.0, 2.5, 0.5, 3, standardize=True), base,
+                             atol=1e-9)
+  assert np.all(np.sum(base > 0, axis=-1) <= 3)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float64, 1e-12), (jnp.float32, 2e-6),
+                                       (jnp.bfloat16, 2e-2), (jnp.float16, 2e-3)])
+def test_every_dtype(dtype, tol):
+  x = np.asarray(jnp.asarray(_rows(1, (7, 10)), dtype), np.float64)  # representable
+  for k, m, l in ((2.0, 3, 1.0), (1.5, 4, 0.05)):
+    y = itk.soft_topk_mask(jnp.asarray(x, dtype), k, regularization_strength=l, max_support=m)
+    assert y.dtype == dtype
+    out = np.asarray(y, np.float64)
+    assert np.all(np.sum(out > 0, axis=-1) <= m)
+    np.testing.assert_allclose(out, reference(x, k, l, m), rtol=0, atol=tol)
+    np.testing.assert_allclose(out.sum(-1), k, rtol=0, atol=10 * m * tol)
 
 
 def test_near_ties_in_float32_keep_the_sum_and_finite_derivatives():
-  # The m-th and (m+1)-th entries 1.7e-7 (23 float32 ulps) apart: l* is of that size, so
-  # solving the mask again at l* in float32 lost 15% of k and gave infinite derivatives.
+  # The m-th and (m+1)-th entries 1.7e-7 (23 float32 ulps) apart: l* is of that size.
   x = jnp.array([-0.05046099, -0.02986698, 0.2721215, 0.11211337, -0.23936808, 0.11211354,
                  0.06787282, -0.16315442], jnp.float32)
   for k, m in ((1.5, 2), (1.3, 3), (2.2, 3)):
@@ -132,42 +250,105 @@ def test_near_ties_in_float32_keep_the_sum_and_finite_derivatives():
     y = np.asarray(f(x))
     np.testing.assert_allclose(y.sum(), k, rtol=1e-6)
     assert np.sum(y > 0) <= m
-    np.testing.assert_allclose(y, reference(np.asarray(x, np.float64), k, 0.5, m, 4.0 / 3.0),
-                               atol=1e-5)
+    np.testing.assert_allclose(y, reference(np.asarray(x, np.float64), k, 0.5, m), atol=1e-5)
     assert np.all(np.isfinite(np.asarray(jax.jacrev(f)(x))))
 
 
-def test_continuous_in_x():
+def test_every_solver_name_gives_the_same_budgeted_mask():
+  x = jnp.asarray(_rows(1, (7, 10)))
+  want = budget(x, 2.0, 1.0, 3)
+  for solver in ("native", "threshold", "pallas", "pav"):
+    np.testing.assert_array_equal(budget(x, 2.0, 1.0, 3, solver=solver), want)
+
+
+# -- continuity and derivatives -------------------------------------------------------------
+
+
+def test_continuous_in_x_and_across_the_binding_strength():
   x = _rows(3, (30, 8))
   rng = np.random.default_rng(4)
-  f = lambda z: np.asarray(itk.soft_topk_mask(jnp.asarray(z), 2.5, regularization_strength=2.0,
-                                              max_support=4))
-  base = f(x)
-  for eps in (1e-4, 1e-6):
+  base = budget(x, 2.5, 2.0, 4)
+  for eps in (1e-4, 1e-7):
     step = rng.normal(size=x.shape) * eps
-    assert np.max(np.abs(f(x + step) - base)) < 200 * eps
+    assert np.max(np.abs(budget(x + step, 2.5, 2.0, 4) - base)) < 50 * eps
+  # Along the strength, through l* (where the budget starts to bind): continuous.
+  row = x[:1]
+  ls = np.geomspace(0.05, 20.0, 400)
+  path = np.stack([budget(row, 2.5, l, 4)[0] for l in ls])
+  plain = np.stack([R.soft_topk_mask(row[0], 2.5, l) for l in ls])
+  assert np.any(np.sum(plain > 0, axis=-1) > 4) and np.any(np.sum(plain > 0, axis=-1) <= 4)
+  assert np.max(np.abs(np.diff(path, axis=0))) < 0.05
 
 
-@pytest.mark.parametrize("p", [4.0 / 3.0, pytest.param(2.0, marks=slow)])
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0])
 def test_gradients_match_central_differences(p):
   x = jnp.asarray(_rows(5, (4, 7)))
   weights = jnp.asarray(np.random.default_rng(6).normal(size=(4, 7)))
   for l in (0.3, 4.0):  # mostly plain / mostly capped
-    f = lambda z, s: jnp.sum(weights * itk.soft_topk_mask(z, 2.5, regularization_strength=s,
-                                                          p=p, max_support=3))
-    check_grads(lambda z: f(z, l), (x,), order=1, modes=("rev", "fwd"), eps=1e-6,
-                atol=1e-5, rtol=1e-5)
-    check_grads(lambda s: f(x, s), (l,), order=1, modes=("rev",), eps=1e-6, atol=1e-5,
-                rtol=1e-5)
+    f = lambda z, s, k: jnp.sum(weights * itk.soft_topk_mask(z, k, regularization_strength=s,
+                                                             p=p, max_support=3))
+    check_grads(lambda z: f(z, l, 2.5), (x,), order=1, modes=("rev", "fwd"), eps=1e-6,
+                atol=1e-6, rtol=1e-6)
+    check_grads(lambda s: f(x, s, 2.5), (l,), order=1, modes=("rev", "fwd"), eps=1e-6,
+                atol=1e-6, rtol=1e-6)
+    check_grads(lambda k: f(x, l, k), (2.5,), order=1, modes=("rev", "fwd"), eps=1e-6,
+                atol=1e-6, rtol=1e-6)
+
+
+@slow
+def test_second_derivatives_match_central_differences():
+  x = jnp.asarray(_rows(8, (2, 7)))
+  weights = jnp.asarray(np.random.default_rng(9).normal(size=(2, 7)))
+  for l in (0.3, 4.0):
+    f = lambda z: jnp.sum(weights * itk.soft_topk_mask(z, 2.5, regularization_strength=l,
+                                                       max_support=3))
+    check_grads(f, (x,), order=2, modes=("rev",), eps=1e-5, atol=1e-5, rtol=1e-5)
+
+
+def test_standardized_gradients_match_central_differences():
+  x = jnp.asarray(_rows(11, (3, 8)))
+  weights = jnp.asarray(np.random.default_rng(12).normal(size=(3, 8)))
+  f = lambda z: jnp.sum(weights * itk.soft_topk_mask(
+      z, 2.5, regularization_strength=2.0, max_support=3, standardize=True))
+  check_grads(f, (x,), order=1, modes=("rev",), eps=1e-6, atol=1e-6, rtol=1e-6)
 
 
 def test_the_budget_moves_the_gradient_to_the_cut_entry():
   # Capped: the threshold is the (m+1)-th largest entry, so that entry gets a gradient
   # although its own output is 0 (the strength depends on it).
-  x = jnp.array([3.0, 2.5, 1.0, 0.5, 0.0])  # y_0 = 1.2 d_0^3 / (d_0^3 + d_1^3), d = x - x_2
+  x = jnp.array([3.0, 2.5, 1.0, 0.5, 0.0])
   g = jax.grad(lambda z: itk.soft_topk_mask(z, 1.2, regularization_strength=5.0,
                                             max_support=2)[0])(x)
   assert g[2] != 0 and g[3] == 0 and g[4] == 0
+
+
+# -- transformations, info, arguments ------------------------------------------------------
+
+
+def test_jit_vmap_jvp_and_export():
+  x = jnp.asarray(_rows(7, (3, 5, 8)))
+  f = lambda z: itk.soft_topk_mask(z, 2.0, regularization_strength=2.0, max_support=3)
+  eager = f(x)
+  np.testing.assert_allclose(jax.jit(f)(x), eager, atol=1e-15)
+  np.testing.assert_allclose(jax.vmap(f)(x), eager, atol=1e-15)
+  tangent = jnp.asarray(_rows(8, x.shape))
+  _, forward = jax.jvp(f, (x,), (tangent,))
+  _, pullback = jax.vjp(f, x)
+  cotangent = jnp.asarray(_rows(9, x.shape))
+  np.testing.assert_allclose(jnp.vdot(forward, cotangent), jnp.vdot(pullback(cotangent)[0],
+                                                                     tangent), rtol=1e-12)
+  from jax import export
+  exported = export.export(jax.jit(jax.grad(lambda z: jnp.sum(f(z) * tangent))))(x)
+  again = export.deserialize(exported.serialize())
+  np.testing.assert_allclose(again.call(x), jax.grad(lambda z: jnp.sum(f(z) * tangent))(x),
+                             atol=1e-15)
+
+
+def test_return_info_reports_the_residual():
+  x = jnp.asarray(_rows(7, (4, 8)))
+  y, info = itk.soft_topk_mask(x, 2.5, max_support=3, return_info=True)
+  assert info.residual.shape == (4,) and np.all(np.asarray(info.residual) < 1e-13)
+  assert np.all(np.asarray(info.iter_num) == 0)
 
 
 def test_arguments_are_checked_by_name():
@@ -180,31 +361,5 @@ def test_arguments_are_checked_by_name():
     itk.soft_topk_mask(x, 1.0, max_support=2.5)
   with pytest.raises(ValueError, match="max_support"):
     itk.soft_topk_mask(x, 1.0, max_support=0)
-
-
-def test_jit_vmap_and_where():
-  x = jnp.asarray(_rows(7, (3, 5, 8)))
-  f = lambda z: itk.soft_topk_mask(z, 2.0, regularization_strength=2.0, max_support=3)
-  eager = f(x)
-  np.testing.assert_allclose(jax.jit(f)(x), eager, atol=1e-14)
-  np.testing.assert_allclose(jax.vmap(f)(x), eager, atol=1e-14)
-  valid = jnp.arange(8) < 6
-  y = itk.soft_topk_mask(x, 2.0, regularization_strength=2.0, max_support=3,
-                         where=jnp.broadcast_to(valid, x.shape))
-  np.testing.assert_allclose(y[..., :6], f(x[..., :6]), atol=1e-12)
-  assert np.all(np.asarray(y[..., 6:]) == 0)
-
-
-@settings(max_examples=6, deadline=None)
-@given(st.integers(0, 10_000), st.floats(0.01, 100.0), st.sampled_from([4.0 / 3.0, 2.0]),
-       st.integers(2, 6), st.booleans())
-def test_property_bound_and_sum(seed, l, p, m, ties):
-  x = _rows(seed, (3, 9), ties=ties) * 10.0 ** ((seed % 7) - 3)
-  k = m - 0.5
-  y = np.asarray(itk.soft_topk_mask(jnp.asarray(x), k, regularization_strength=l, p=p,
-                                    max_support=m))
-  np.testing.assert_allclose(y.sum(-1), k, atol=1e-10)
-  for row, out in zip(x, y):
-    c = np.sort(row)[::-1][m]
-    allowed = m if np.sum(row > c) >= k else np.sum(row >= c)  # the tie rule
-    assert np.sum(out > 0) <= allowed
+  with pytest.raises(ValueError, match="max_support.*axis_name"):
+    itk.soft_topk_mask(x, 1.0, max_support=2, axis_name="i")
