@@ -229,14 +229,17 @@ def _bisection_point(lo, hi, it):
 
 
 @njit(**_OPTIONS)
-def _newton(values, count, target, l, kind, a, lo, hi, lam, tol):
+def _newton(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step=np.nan, first=0):
   """Safeguarded Newton/Schroeder on phi over values[:count] in [lo, hi] from lam.
 
   ``tol`` is the relative step tolerance (4 ulps of the output dtype). Returns
-  (lam, passes)."""
-  prev_step = 2.0 * (hi - lo)
+  (lam, passes). ``prev_step`` and ``first`` resume an iteration at its pass ``first``
+  (:mod:`~implicit_topk.kernels.cpu.native_lanes` hands over its slowest rows so);
+  a fresh one starts at pass 0 with the last step taken as twice the bracket."""
+  if prev_step != prev_step:
+    prev_step = 2.0 * (hi - lo)
   phi_tol = math.sqrt(tol) * (target + 1.0)
-  for it in range(_MAXITER):
+  for it in range(first, _MAXITER):
     phi, dphi, d2phi = _phi(values, count, lam, l, target, kind, a)
     if phi == 0.0:
       return lam, it + 1
@@ -745,48 +748,73 @@ def _small_k_row(row, n, k, l, a, tol, root_eps, work):
 
 
 @njit(**_OPTIONS)
+def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out):
+  """One row's (threshold, passes, origin), its mask written into ``out``; returns
+  also ``|sum(out) - k|``."""
+  if kind == PNORM and kb > 0.0 and kb <= 2.0 and kb < n - 1 and n <= _ONE_PASS_ROW:
+    solved, value, it = _small_k_row(row, n, kb, lb, a, tol, root_eps, work)
+    if solved:
+      total = _write_finite_mask(row, n, value, lb, kind, a, 0.0, out)
+      return value, it, 0.0, abs(total - kb)
+  finite = _all_finite(row, n)
+  top = _max_of_finite(row, n) if n > 0 and finite else _finite_counts(row, n, 0.0)[4]
+  # As the problems' normalize: rows far from 0 relative to l are solved relative to
+  # their largest finite entry (shift invariance), so that x - lam keeps its digits.
+  far = abs(top) < np.inf and abs(top) * root_eps > lb
+  origin = top if far else 0.0
+  if kind == PNORM:
+    value, it, suspect = _sparse_row(row, n, kb, lb, a, tol, origin, finite, top, work,
+                                     scratch, guess)
+    if suspect:
+      # The shift's rounding can decide the binary test wrongly: decide it in the
+      # row's own coordinates, where the decision is exact (rows with NaN stay NaN).
+      n_pos_inf, _, nan, _, _ = _finite_counts(row, n, 0.0)
+      binary, root = _binary_in_original(row, n, kb - n_pos_inf, lb)
+      if binary and not nan:
+        value, it, origin = root, 0, 0.0
+  else:
+    value, it = _dense_row(row, n, kb, lb, kind, a, tol, origin, work)
+  total = _write_mask(row, n, value, lb, kind, a, origin, finite, out)
+  return value, it, origin, abs(total - kb)
+
+
+from implicit_topk.kernels.cpu import native_lanes  # noqa: E402  (it builds on the above)
+
+
+@njit(**_OPTIONS)
 def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
   the Newton passes into ``passes``, ``|sum(y) - k|`` (of ``y`` as stored) into
   ``residual`` and the origin of ``lam`` into ``shift`` (the row's largest finite
   entry where it is far from 0 relative to ``l``, else 0: ``lam + shift`` is the
-  threshold of the row as given). Returns 0 (the status)."""
+  threshold of the row as given). Short router rows go through
+  :mod:`~implicit_topk.kernels.cpu.native_lanes` a block at a time, with the same
+  results. Returns 0 (the status)."""
   rows, n = x.shape
   work = np.empty(max(n, 1), np.float64)
   scratch = np.empty(max(n, 1), np.float64)
   guess = np.full(3, np.inf)  # the next row's distance to its cut; the gaps' mean, deviation
   tol = 4.0 * np.finfo(lam.dtype).eps
   root_eps = math.sqrt(np.finfo(lam.dtype).eps)
-  for b in range(rows):
-    row, lb, kb = x[b], float(l[b]), float(k[b])
-    if kind == PNORM and kb > 0.0 and kb <= 2.0 and kb < n - 1 and n <= _ONE_PASS_ROW:
-      solved, value, it = _small_k_row(row, n, kb, lb, a, tol, root_eps, work)
-      if solved:
-        residual[b] = abs(_write_finite_mask(row, n, value, lb, kind, a, 0.0, y[b]) - kb)
-        lam[b], passes[b], shift[b] = value, it, 0.0
+  lanes = native_lanes.takes(kind, a, n)
+  values, state, iterating = native_lanes.workspace(n if lanes else 1)
+  for b0 in range(0, rows, native_lanes.BLOCK):
+    width = min(native_lanes.BLOCK, rows - b0)
+    taken = 0
+    if lanes:
+      taken = native_lanes.block_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
+                                            state, iterating)
+      native_lanes.write_masks(values, n, width, a, state, y, b0)
+    for b in range(b0, b0 + width):
+      row, lb, kb = x[b], float(l[b]), float(k[b])
+      if (taken >> (b - b0)) & 1:
+        r = b - b0
+        lam[b], passes[b], shift[b] = state[native_lanes.LAM, r], state[native_lanes.PASSES, r], 0.0
+        residual[b] = abs(state[native_lanes.TOTAL, r] - kb)
         continue
-    finite = _all_finite(row, n)
-    top = _max_of_finite(row, n) if n > 0 and finite else _finite_counts(row, n, 0.0)[4]
-    # As the problems' normalize: rows far from 0 relative to l are solved relative to
-    # their largest finite entry (shift invariance), so that x - lam keeps its digits.
-    far = abs(top) < np.inf and abs(top) * root_eps > lb
-    origin = top if far else 0.0
-    if kind == PNORM:
-      value, it, suspect = _sparse_row(row, n, kb, lb, a, tol, origin, finite, top, work,
-                                       scratch, guess)
-      if suspect:
-        # The shift's rounding can decide the binary test wrongly: decide it in the
-        # row's own coordinates, where the decision is exact (rows with NaN stay NaN).
-        n_pos_inf, _, nan, _, _ = _finite_counts(row, n, 0.0)
-        binary, root = _binary_in_original(row, n, kb - n_pos_inf, lb)
-        if binary and not nan:
-          value, it, origin = root, 0, 0.0
-    else:
-      value, it = _dense_row(row, n, kb, lb, kind, a, tol, origin, work)
-    residual[b] = abs(_write_mask(row, n, value, lb, kind, a, origin, finite, y[b]) - kb)
-    lam[b] = value
-    passes[b] = it
-    shift[b] = origin
+      value, it, origin, residual[b] = _solve_row(row, n, kb, lb, kind, a, tol, root_eps,
+                                                  work, scratch, guess, y[b])
+      lam[b], passes[b], shift[b] = value, it, origin
   return 0
 
 

@@ -1,0 +1,228 @@
+r"""The thresholds of short router rows, many rows at a time (numba, CPU).
+
+A row of a few entries (a router's scores over 8 to 16 experts, ``k`` of 1 or 2) costs
+the per-row kernel (:mod:`~implicit_topk.kernels.cpu.native_threshold`) more in the
+latency of its iteration than in arithmetic: each Newton pass waits on the previous one.
+Here a block of rows is transposed into lanes (entry ``i`` of row ``r`` at
+``values[i, r]``), so that every step runs over the block's rows at once, in loops that
+LLVM vectorizes across rows and whose lanes do not wait on each other:
+
+* one pass keeps each row's three largest entries (min/max pairs) and checks that the
+  row is finite; the bracket ``[x_(m) - l, x_(j+1)]`` and the binary rows follow as in
+  :func:`~implicit_topk.kernels.cpu.native_threshold._small_k_row`;
+* each Newton pass takes phi and its derivatives on every lane (the entries at or below
+  a row's bracket add exact zeros, so each lane's sums are those of the per-row kernel,
+  in row order), then each row still iterating takes the safeguarded step of
+  :func:`~implicit_topk.kernels.cpu.native_threshold._newton`, the same arithmetic;
+* after :data:`LANE_PASSES` passes the rows still iterating (a few in a hundred) resume
+  the per-row iteration where they are.
+
+So every row gets the per-row kernel's threshold and pass count to the bit. Rows the
+lanes do not take (non-finite entries, rows far from 0 relative to ``l``, ``k``
+outside ``(0, 2]`` or not below ``n - 1``, p other than 4/3 and 2) are left to the
+per-row kernel.
+
+numba's disk cache is keyed on the file of the handler
+(:mod:`~implicit_topk.kernels.cpu.native_threshold`), not on this one: a change here
+needs a change there too (or the cache cleared) before it is measured.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from implicit_topk.kernels.cpu.native_threshold import (PNORM, _OPTIONS, _bisection_point,
+                                                        _midpoint, _newton)
+
+#: Rows per block.
+BLOCK = 64
+#: Newton passes taken in lanes; rows still iterating then resume one by one.
+LANE_PASSES = 5
+#: The longest row taken in lanes.
+LANE_ROW = 16
+# the rows of the lanes' state array
+_TOP0, _TOP1, _TOP2, _BAD, _K, _L, _INV, _LO, _HI, LAM, _PREV = range(11)
+TOTAL, _SLOPE, _CURVE, _STATE, PASSES = range(11, 16)
+STATE_ROWS = 16
+_SKIP, _ITERATING, _DONE = 0.0, 1.0, 2.0
+
+
+@njit(**_OPTIONS)
+def workspace(n):
+  """The arrays :func:`block_thresholds` works in, for rows of ``n`` entries: the
+  block's entries by lane, the lanes' state and the list of the iterating lanes."""
+  return np.empty((max(n, 1), BLOCK)), np.empty((STATE_ROWS, BLOCK)), np.empty(BLOCK, np.int64)
+
+
+@njit(**_OPTIONS)
+def takes(kind, a, n):
+  """Whether rows of ``n`` entries of the regularizer ``(kind, a)`` go through lanes."""
+  return kind == PNORM and (a == 3.0 or a == 1.0) and n >= 3 and n <= LANE_ROW
+
+
+@njit(**_OPTIONS)
+def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterating):
+  """The thresholds of rows ``b0 .. b0 + width - 1`` of ``x`` (``width <= BLOCK``) that
+  the lanes take, in float64 (the mask is written from it): row ``b0 + r``'s in
+  ``state[LAM, r]``, its passes in ``state[PASSES, r]`` (with ``shift`` 0: these rows
+  are solved in their own coordinates). Returns a bit mask of those rows (bit ``r``
+  for row ``b0 + r``)."""
+  n = x.shape[1]
+  for r in range(width):
+    row = x[b0 + r]
+    for i in range(n):
+      values[i, r] = row[i]
+  top0, top1, top2, bad = state[_TOP0], state[_TOP1], state[_TOP2], state[_BAD]
+  for r in range(width):
+    top0[r], top1[r], top2[r], bad[r] = -np.inf, -np.inf, -np.inf, 0.0
+  for i in range(n):
+    for r in range(width):
+      v = values[i, r]
+      bad[r] += v - v  # NaN once an entry is +-inf or NaN
+      carried = min(top0[r], v)
+      top0[r] = max(top0[r], v)
+      top2[r] = max(top2[r], min(top1[r], carried))
+      top1[r] = max(top1[r], carried)
+  taken = _brackets(width, n, k, l, a, b0, root_eps, state)
+  active = 0
+  for r in range(width):
+    iterating[active] = r
+    active += state[_STATE, r] == _ITERATING
+  for _ in range(LANE_PASSES):
+    if active == 0:
+      break
+    _phi_lanes(values, n, width, a, state)
+    active = _steps(iterating, active, tol, state)
+  for position in range(active):  # the slowest rows resume the per-row iteration
+    r = iterating[position]
+    state[LAM, r], state[PASSES, r] = _newton(
+        x[b0 + r], n, state[_K, r], state[_L, r], PNORM, a, state[_LO, r], state[_HI, r],
+        state[LAM, r], tol, state[_PREV, r], int(state[PASSES, r]))
+  return taken
+
+
+@njit(**_OPTIONS)
+def write_masks(values, n, width, a, state, y, b0):
+  """The masks of the block's rows at their lanes' thresholds into ``y[b0 + r]``, as
+  :func:`~implicit_topk.kernels.cpu.native_threshold._write_finite_mask` writes them
+  (the same values to the bit); the sum of each row's mask as stored into
+  ``state[TOTAL, r]``. Rows the lanes did not take get values the per-row kernel
+  overwrites."""
+  total, lam, l, inv = state[TOTAL], state[LAM], state[_L], state[_INV]
+  for r in range(width):
+    total[r] = 0.0
+  for i in range(n):
+    for r in range(width):
+      d = values[i, r] - lam[r]
+      z = 1.0 if d >= l[r] else min(max(d * inv[r], 0.0), 1.0)
+      w = y.dtype.type(z * z * z) if a == 3.0 else y.dtype.type(z)
+      y[b0 + r, i] = w
+      total[r] += w
+
+
+@njit(**_OPTIONS)
+def _brackets(width, n, k, l, a, b0, root_eps, state):
+  """Each lane's bracket from its three largest entries: binary rows done, the others
+  iterating from the per-row kernel's start; lanes left to the per-row kernel skipped.
+  Returns the bit mask of the lanes taken."""
+  taken = 0
+  fraction = min(max(0.5 ** a, 0.1), 0.9)
+  for r in range(width):
+    kr, lr = float(k[b0 + r]), float(l[b0 + r])
+    state[_K, r], state[_L, r], state[_INV, r] = kr, lr, 1.0 / lr
+    state[LAM, r], state[PASSES, r], state[_STATE, r] = 0.0, 0.0, _SKIP
+    top0 = state[_TOP0, r]
+    if not (state[_BAD, r] == 0.0 and kr > 0.0 and kr <= 2.0 and kr < n - 1
+            and not abs(top0) * root_eps > lr):
+      continue
+    taken |= 1 << r
+    m, j = int(math.ceil(kr)), int(math.floor(kr))
+    x_m = top0 if m == 1 else state[_TOP1, r]
+    x_next = top0 if j == 0 else (state[_TOP1, r] if j == 1 else state[_TOP2, r])
+    lo, hi = x_m - lr, x_next
+    state[_LO, r], state[_HI, r] = lo, hi
+    if j == m and lo >= hi:  # binary: the middle of the flat root interval
+      state[LAM, r], state[_STATE, r] = _midpoint(hi, lo), _DONE
+      continue
+    state[LAM, r] = lo + fraction * (hi - lo)
+    state[_PREV, r] = 2.0 * (hi - lo)
+    state[_STATE, r] = _ITERATING
+  return taken
+
+
+@njit(**_OPTIONS)
+def _phi_lanes(values, n, width, a, state):
+  """phi + k, -l phi' and l^2 phi'' of every lane at its ``lam`` (as the per-row
+  kernel's ``_phi`` sums them, entry by entry in row order), into the state."""
+  total, slope, curve = state[TOTAL], state[_SLOPE], state[_CURVE]
+  lam, inv, k = state[LAM], state[_INV], state[_K]
+  for r in range(width):
+    total[r], slope[r], curve[r] = -k[r], 0.0, 0.0
+  if a == 3.0:  # p = 4/3
+    for i in range(n):
+      for r in range(width):
+        z = min(max((values[i, r] - lam[r]) * inv[r], 0.0), 1.0)
+        inside = 1.0 if z < 1.0 else 0.0
+        total[r] += z * z * z
+        slope[r] -= 3.0 * z * z * inside
+        curve[r] += 6.0 * z * inside
+  else:  # p = 2
+    for i in range(n):
+      for r in range(width):
+        z = (values[i, r] - lam[r]) * inv[r]
+        total[r] += min(max(z, 0.0), 1.0)
+        slope[r] -= 1.0 if (z > 0.0) & (z < 1.0) else 0.0
+
+
+@njit(**_OPTIONS)
+def _steps(iterating, active, tol, state):
+  """One safeguarded step of each lane in ``iterating[:active]`` (the per-row kernel's
+  ``_newton``, pass for pass); those still iterating are moved to the front of
+  ``iterating``; returns their count."""
+  kept = 0
+  for position in range(active):
+    r = iterating[position]
+    lam, done = _step(r, tol, state)
+    state[LAM, r] = lam
+    iterating[kept] = r
+    kept += not done
+  return kept
+
+
+@njit(inline="always", **_OPTIONS)
+def _step(r, tol, state):
+  """Lane ``r``'s step: (its next lam, whether it is done); updates its bracket, last
+  step and pass count."""
+  inv, lam, it = state[_INV, r], state[LAM, r], int(state[PASSES, r])
+  phi, dphi, d2phi = state[TOTAL, r], state[_SLOPE, r] * inv, state[_CURVE, r] * inv * inv
+  state[PASSES, r] = it + 1
+  if phi == 0.0:
+    return lam, True
+  if phi > 0.0:
+    state[_LO, r] = lam
+  else:
+    state[_HI, r] = lam
+  lo, hi = state[_LO, r], state[_HI, r]
+  scale = tol * (abs(lam) + 1e-300)
+  if dphi < 0.0:
+    curve = phi * d2phi
+    denominator = dphi * dphi - curve
+    if curve > 0.0 and denominator > 0.0:
+      step = phi * dphi / denominator
+    else:
+      step = phi / dphi
+    if abs(step) <= scale and abs(phi) <= math.sqrt(tol) * (state[_K, r] + 1.0):
+      return lam - step, True
+    candidate = lam - step
+    if (candidate > lo and candidate < hi and abs(step) > scale
+        and abs(step) <= 0.5 * abs(state[_PREV, r])):
+      state[_PREV, r] = step
+      return candidate, False
+  if hi - lo <= scale:
+    return lam, True
+  middle = _bisection_point(lo, hi, it)
+  state[_PREV, r] = lam - middle
+  return middle, False
