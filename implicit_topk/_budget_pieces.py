@@ -131,16 +131,33 @@ def threshold(top, weights, cut, l, target, a):
   active = valid & (q > lo[..., None]) & ~saturated
   rest = target - jnp.sum(jnp.where(saturated, w, 0.0), axis=-1)
   width = jnp.where(found & jnp.isfinite(hi), hi - lo, 0.0)
-  # The lower end again, from the values themselves: v_j, v_j - l or the cut.
-  entry = jnp.where(which < size, which, which - size)
-  anchor = jnp.where(which == 2 * size, jnp.where(finite_cut, cut, 0.0),
-                     _pick(jnp.where(valid, top, 0.0), jnp.minimum(entry, size - 1)))
-  base = jnp.where((which >= size) & (which < 2 * size), -1.0, 0.0)
-  offsets = jnp.where(active, jnp.maximum((top - anchor[..., None]) / l[..., None] - base[..., None],
-                                          0.0), 0.0)
-  delta = on_piece(offsets, jnp.where(active, w, 0.0), rest, width, a)
+  lo_anchor, lo_base = _breakpoint_value(which, top, valid, cut, size)
+  active_w = jnp.where(active, w, 0.0)
+  offsets = lambda anchor, base: jnp.where(
+      active, jnp.maximum((top - anchor[..., None]) / l[..., None] - base[..., None], 0.0), 0.0)
+  if isinstance(a, int) or a >= 1:
+    anchor, offset = lo_anchor, lo_base + on_piece(offsets(lo_anchor, lo_base), active_w, rest,
+                                                   width, a)
+  else:
+    # a < 1 (p > 2): an entry's mask (u)^a resolves small masses only through small u,
+    # which lie at the upper end (the entry about to leave): solved from there.
+    which_hi = jnp.argmin(jnp.where(usable & ~reached, breaks, jnp.inf), axis=-1)
+    hi_anchor, hi_base = _breakpoint_value(which_hi, top, valid, cut, size)
+    anchor = jnp.where(jnp.isfinite(hi), hi_anchor, lo_anchor)
+    base = jnp.where(jnp.isfinite(hi), hi_base, lo_base)
+    offset = base - _newton_on_piece(offsets(anchor, base), active_w, rest, width, a,
+                                     rising=True)
   anchor = jnp.where(found, anchor, 0.0)
-  return anchor, jnp.where(found & (target >= 0), base + delta, jnp.nan)
+  return anchor, jnp.where(found & (target >= 0), offset, jnp.nan)
+
+
+def _breakpoint_value(which, top, valid, cut, size):
+  """The breakpoint ``which`` of :func:`threshold` (``v_j``, ``v_j - l`` or the cut) as
+  ``(anchor, base)``: ``anchor + l * base``."""
+  entry = jnp.where(which < size, which, which - size)
+  anchor = jnp.where(which == 2 * size, jnp.where(jnp.isfinite(cut), cut, 0.0),
+                     _pick(jnp.where(valid, top, 0.0), jnp.minimum(entry, size - 1)))
+  return anchor, jnp.where((which >= size) & (which < 2 * size), -1.0, 0.0)
 
 
 def on_piece(e, w, target, width, a):
@@ -181,23 +198,27 @@ def on_piece(e, w, target, width, a):
   return jnp.where(some, jnp.clip(delta, 0.0, width), 0.0)
 
 
-def _newton_on_piece(e, w, target, width, a):
-  """:func:`on_piece` for a general ``a``: safeguarded Newton on ``[0, width]``."""
+def _newton_on_piece(e, w, target, width, a, rising=False):
+  r""":func:`on_piece` for a general ``a``: the safeguarded Newton iteration on ``[0,
+  width]``. With ``rising``, the root :math:`t` of :math:`\sum_i w_i (e_i + t)^a = K`
+  instead (offsets :math:`e_i \ge 0` from the piece's upper end)."""
   a = float(a)
 
-  def derivatives(delta):
-    u = jnp.where(w > 0, jnp.maximum(e - delta[..., None], 0.0), 1.0)
+  def derivatives(t):
+    u = e + t[..., None] if rising else e - t[..., None]
     live = (w > 0) & (u > 0)
     safe = jnp.where(live, u, 1.0)
-    value = jnp.sum(jnp.where(live, w * safe ** a, 0.0), axis=-1) - target
-    slope = -a * jnp.sum(jnp.where(live, w * safe ** (a - 1.0), 0.0), axis=-1)
-    curve = a * (a - 1.0) * jnp.sum(jnp.where(live, w * safe ** (a - 2.0), 0.0), axis=-1)
-    return value, slope, curve
+    power = lambda b: jnp.sum(jnp.where(live, w * safe ** b, 0.0), axis=-1)
+    sign = -1.0 if rising else 1.0  # the value decreases in t either way
+    return (sign * (power(a) - target), -a * power(a - 1.0),
+            sign * a * (a - 1.0) * power(a - 2.0))
 
   tols = _threshold_solver.tolerances(e.dtype)
-  ones = lambda v: jnp.ones_like(v)
+  # Relative tolerances: a tiny mass (k near 0) sits at a tiny t, resolved to its ulps.
+  tiny = float(jnp.finfo(e.dtype).tiny)
   step = lambda carry: _threshold_solver.safeguarded_newton_step(
-      derivatives, carry, tols=tols, step_scale=ones, residual_scale=ones)
+      derivatives, carry, tols=tols, step_scale=lambda t: jnp.maximum(jnp.abs(t), tiny),
+      residual_scale=lambda t: jnp.maximum(target, tiny), geometric=True)
   zero = jnp.zeros_like(width)
   start = (0.5 * width, zero, width, width + 1.0, width <= 0, jnp.zeros(width.shape, jnp.int32))
   carry = lax.while_loop(lambda c: jnp.any(~c[4]) & jnp.all(c[5] < _PIECE_MAXITER), step, start)
