@@ -104,23 +104,38 @@ def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterat
   return taken
 
 
+@njit(inline="always", **_OPTIONS)
+def every_lane(width):
+  """The bit mask of ``width`` lanes (all 64 bits set for a full block)."""
+  return -1 if width >= 64 else (1 << width) - 1
+
+
 @njit(**_OPTIONS)
-def write_masks(values, n, width, a, state, y, b0):
-  """The masks of the block's rows at their lanes' thresholds into ``y[b0 + r]``, as
-  :func:`~implicit_topk.kernels.cpu.native_threshold._write_finite_mask` writes them
-  (the same values to the bit); the sum of each row's mask as stored into
-  ``state[TOTAL, r]``. Rows the lanes did not take get values the per-row kernel
-  overwrites."""
-  total, lam, l, inv = state[TOTAL], state[LAM], state[_L], state[_INV]
+def write_results(x, k, b0, width, a, state, y, lam, passes, residual, shift):
+  """Rows ``b0 + r`` of the kernel's results from the lanes: the mask at the lane's
+  threshold, as :func:`~implicit_topk.kernels.cpu.native_threshold._write_finite_mask`
+  writes it (the same values to the bit; ``|sum(y) - k|`` summed in row order), the
+  threshold, the passes and the origin 0. Rows the lanes did not take get values the
+  per-row kernel overwrites."""
+  n = x.shape[1]
   for r in range(width):
-    total[r] = 0.0
-  for i in range(n):
-    for r in range(width):
-      d = values[i, r] - lam[r]
-      z = 1.0 if d >= l[r] else min(max(d * inv[r], 0.0), 1.0)
-      w = y.dtype.type(z * z * z) if a == 3.0 else y.dtype.type(z)
-      y[b0 + r, i] = w
-      total[r] += w
+    row, out = x[b0 + r], y[b0 + r]
+    root, l, inv = state[LAM, r], state[_L, r], state[_INV, r]
+    if a == 3.0:
+      for i in range(n):
+        d = row[i] - root
+        z = 1.0 if d >= l else min(max(d * inv, 0.0), 1.0)
+        out[i] = z * z * z
+    else:
+      for i in range(n):
+        d = row[i] - root
+        out[i] = 1.0 if d >= l else min(max(d * inv, 0.0), 1.0)
+    total = 0.0
+    for i in range(n):
+      total += out[i]
+    b = b0 + r
+    lam[b], passes[b], shift[b] = state[LAM, r], state[PASSES, r], 0.0
+    residual[b] = abs(total - float(k[b]))
 
 
 @njit(**_OPTIONS)

@@ -804,15 +804,14 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
     if lanes:
       taken = native_lanes.block_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
                                             state, iterating)
-      native_lanes.write_masks(values, n, width, a, state, y, b0)
+      native_lanes.write_results(x, k, b0, width, a, state, y, lam, passes, residual, shift)
+    if taken == native_lanes.every_lane(width):
+      continue
     for b in range(b0, b0 + width):
-      row, lb, kb = x[b], float(l[b]), float(k[b])
       if (taken >> (b - b0)) & 1:
-        r = b - b0
-        lam[b], passes[b], shift[b] = state[native_lanes.LAM, r], state[native_lanes.PASSES, r], 0.0
-        residual[b] = abs(state[native_lanes.TOTAL, r] - kb)
         continue
-      value, it, origin, residual[b] = _solve_row(row, n, kb, lb, kind, a, tol, root_eps,
+      lb, kb = float(l[b]), float(k[b])
+      value, it, origin, residual[b] = _solve_row(x[b], n, kb, lb, kind, a, tol, root_eps,
                                                   work, scratch, guess, y[b])
       lam[b], passes[b], shift[b] = value, it, origin
   return 0
