@@ -705,6 +705,47 @@ def _write_finite_mask(row, n, lam, l, kind, a, origin, out):
 
 
 @njit(inline="always", **_OPTIONS)
+def _insert3(s0, s1, s2, v):
+  """The three largest of ``s0 >= s1 >= s2`` and ``v``, in order (min/max pairs)."""
+  carried = min(s0, v)
+  return max(s0, v), max(s1, carried), max(s2, min(s1, carried))
+
+
+@njit(inline="always", **_OPTIONS)
+def _gather_two_halves(row, n, m, l, work):
+  """One pass over a finite-or-not row keeping its three largest entries and gathering
+  every entry above the ``m``-th largest of the entries before it in its half minus
+  ``l`` (a superset of the candidates: that running ``m``-th largest never exceeds the
+  row's ``x_(m)``), the two halves as two independent chains interleaved, the gathered
+  entries in row order in ``work``. Returns (finite, s0, s1, s2, count)."""
+  half = n // 2
+  finite = True
+  a0, a1, a2, b0, b1, b2 = -np.inf, -np.inf, -np.inf, -np.inf, -np.inf, -np.inf
+  count_a, count_b = 0, half
+  for i in range(half):
+    u, v = float(row[i]), float(row[half + i])
+    finite &= (abs(u) < np.inf) & (abs(v) < np.inf)
+    work[count_a] = u
+    work[count_b] = v
+    count_a += u > (a0 if m == 1 else a1) - l
+    count_b += v > (b0 if m == 1 else b1) - l
+    a0, a1, a2 = _insert3(a0, a1, a2, u)
+    b0, b1, b2 = _insert3(b0, b1, b2, v)
+  for i in range(2 * half, n):  # the last entry of an odd row
+    v = float(row[i])
+    finite &= abs(v) < np.inf
+    work[count_b] = v
+    count_b += v > (b0 if m == 1 else b1) - l
+    b0, b1, b2 = _insert3(b0, b1, b2, v)
+  for i in range(half, count_b):
+    work[count_a + i - half] = work[i]
+  a0, a1, a2 = _insert3(a0, a1, a2, b0)
+  a0, a1, a2 = _insert3(a0, a1, a2, b1)
+  a0, a1, a2 = _insert3(a0, a1, a2, b2)
+  return finite, a0, a1, a2, count_a + count_b - half
+
+
+@njit(inline="always", **_OPTIONS)
 def _small_k_row(row, n, k, l, a, tol, root_eps, work):
   """The threshold of a p-norm row with ``0 < k <= 2`` and ``k < n - 1`` (the router
   rows), in one pass over the row: the pass checks that every entry is finite, keeps
@@ -717,20 +758,15 @@ def _small_k_row(row, n, k, l, a, tol, root_eps, work):
   relative to ``l``, to be solved relative to its maximum) leaves the row to the
   general path."""
   m, j = int(math.ceil(k)), int(math.floor(k))
-  s0, s1, s2 = -np.inf, -np.inf, -np.inf
-  finite = True
-  count = 0
+  if n > _IN_PLACE_ROW:
+    finite, s0, s1, s2, count = _gather_two_halves(row, n, m, l, work)
+  else:
+    finite, s0, s1, s2, count = True, -np.inf, -np.inf, -np.inf, 0
+    for i in range(n):
+      v = float(row[i])
+      finite &= abs(v) < np.inf  # False at +-inf and NaN (a one-cycle chain: no sum)
+      s0, s1, s2 = _insert3(s0, s1, s2, v)
   gather = n > _IN_PLACE_ROW
-  for i in range(n):
-    v = float(row[i])
-    finite &= abs(v) < np.inf  # False at +-inf and NaN (a one-cycle chain: no sum)
-    if gather:
-      work[count] = v
-      count += v > (s0 if m == 1 else s1) - l
-    carried = min(s0, v)
-    s0 = max(s0, v)
-    s2 = max(s2, min(s1, carried))
-    s1 = max(s1, carried)
   if not finite or abs(s0) * root_eps > l:
     return False, 0.0, 0
   x_m = s0 if m == 1 else s1
