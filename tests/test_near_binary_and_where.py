@@ -267,10 +267,10 @@ def test_near_binary_rows_in_the_chunked_kernel(name, dtype, gaps):
   of 2 entries, interpret mode) gives the decimal reference's threshold and mask."""
   x, k, l = near_binary_rows(np.random.default_rng(3), 3, 8, gaps, dtype)
   problem = itk.problems.CappedSimplex(itk.BinaryEntropy() if name == "sigmoid" else itk.Laplace())
-  y, lam, origin, _, certified, _ = pallas_threshold.fused_rows(
+  y, lam, origin, _, certified, _, scale, _ = pallas_threshold.fused_rows(
       problem, jnp.asarray(x), jnp.asarray(k), jnp.asarray(l), interpret=True, chunk=2)
   assert np.all(np.asarray(certified))
-  lam = np.asarray(lam + origin, np.float64)
+  lam = np.asarray((lam + origin) / scale, np.float64)
   y = np.asarray(y, np.float64)
   for r in range(x.shape[0]):
     _check_lam_and_mask(ref.dense_mask_row_hp(x[r], k[r], l[r], name), x[r], l[r], lam[r], y[r], r)

@@ -58,8 +58,10 @@ def implicit_tangent(problem, x, lam, origin, k, l, x_dot, k_dot, l_dot):
 
 
 def _fused_operator(solver):
-  """``(x, k, l) -> (y, lam, origin, passes, residual)`` on ``(batch, n)`` rows by one
-  kernel call, with the derivatives of :func:`implicit_tangent`. The tangent map runs
+  """``(x, k, l) -> (y, lam, origin, passes, residual, scale, binary)`` on ``(batch, n)``
+  rows by one kernel call (:func:`~implicit_topk.kernels.gpu.pallas_threshold.fused_rows`),
+  with the derivatives of :func:`implicit_tangent` on the rescaled rows (zero on the
+  binary rows the kernel decided exactly). The tangent map runs
   under ``jax.checkpoint`` so that reverse mode keeps only ``x`` and the per-row values
   and recomputes the slopes in the backward pass (no ``(batch, n)`` residual written by
   the forward)."""
@@ -73,15 +75,21 @@ def _fused_operator(solver):
 
   @jax.custom_jvp
   def operator(x, k, l):
-    y, lam, origin, passes, _, residual = kernel(x, k, l)
-    return y, lam, origin, passes.astype(lam.dtype), residual
+    y, lam, origin, passes, _, residual, scale, binary = kernel(x, k, l)
+    return y, lam, origin, passes.astype(lam.dtype), residual, scale, binary.astype(lam.dtype)
 
   @operator.defjvp
   def operator_jvp(primals, tangents):
     x, k, l = primals
+    x_dot, k_dot, l_dot = tangents
     outs = operator(x, k, l)
-    _, lam, origin, _, _ = outs
-    y_dot, lam_dot = tangent(x, lam, origin, k, l, *tangents)
+    _, lam, origin, _, _, scale, binary = outs
+    # The kernel solved the rows times the exact power of two `scale` (a constant).
+    y_dot, lam_dot = tangent(x * scale[:, None], lam, origin, k, l * scale,
+                             x_dot * scale[:, None], k_dot, l_dot * scale)
+    # Binary rows decided exactly are locally constant (zero derivatives).
+    y_dot = jnp.where(binary[:, None] > 0, 0, y_dot)
+    lam_dot = jnp.where(binary > 0, 0, lam_dot)
     zeros = [jnp.zeros_like(out) for out in outs[2:]]
     return outs, (y_dot, lam_dot, *zeros)
 
@@ -213,7 +221,7 @@ class PallasSolver(ThresholdRootSolver):
     x, k, l = self._per_row(x, k, l)
     dtype, batch, n = x.dtype, x.shape[:-1], x.shape[-1]
     acc = pallas_threshold.accumulation_dtype(dtype)
-    y, _, _, passes, residual = _fused_operator(self)(
+    y, _, _, passes, residual, _, _ = _fused_operator(self)(
         x.reshape(-1, n).astype(acc), k.reshape(-1).astype(acc), l.reshape(-1).astype(acc))
     state = RootState(
         iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32).reshape(batch),

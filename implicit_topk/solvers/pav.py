@@ -18,6 +18,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from implicit_topk import regularizers
+from implicit_topk.solvers import float_range
 from implicit_topk.solvers.base import ThresholdRootSolver
 
 kernel_spec = regularizers.pav_kernel_spec  # used by the permutahedron operators
@@ -80,6 +81,12 @@ class PAVSolver(ThresholdRootSolver):
   """
 
   name = "pav"
+
+  def solve_and_map(self, x, k, l):
+    """The output on exactly rescaled rows, with binary rows that the shift by the row
+    maximum hides decided exactly (:func:`implicit_topk.solvers.float_range.solve_and_map`:
+    rows near the float maximum or minimum)."""
+    return float_range.solve_and_map(self, x, k, l)
 
   def _solve(self, init, x, k, l):
     del init  # PAV is a direct method.

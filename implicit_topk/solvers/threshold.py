@@ -248,6 +248,13 @@ class ThresholdSolver(ThresholdRootSolver):
     lam, *_, iter_num = jax.lax.while_loop(cond, body, carry)
     return _finish(self.problem, lam, x, k, l, bracket), iter_num
 
+  def solve_and_map(self, x, k, l):
+    """The output on exactly rescaled rows, with binary rows that the shift by the row
+    maximum hides decided exactly (:func:`implicit_topk.solvers.float_range.solve_and_map`:
+    rows near the float maximum or minimum)."""
+    from implicit_topk.solvers import float_range  # pylint: disable=g-import-not-at-top
+    return float_range.solve_and_map(self, x, k, l)
+
   def _solve_unrolled(self, init, x, k, l):
     """``maxiter`` iterations in ``lax.fori_loop``: differentiable by autodiff."""
     tols = tolerances(self.layout.dtype(x))

@@ -61,6 +61,7 @@ import numpy as np
 
 from implicit_topk.kernels.gpu import bounded_newton, pallas_long_rows, platform_select
 from implicit_topk.problems import layout as _layout
+from implicit_topk.solvers import float_range as _float_range
 import implicit_topk.solvers.threshold as _threshold
 
 #: The longest row the kernel takes (after padding to a power of two): 4096 entries of
@@ -151,18 +152,7 @@ def block_rows(batch: int, n_padded: int, *, interpret: bool,
   return 1 << (rows.bit_length() - 1)  # round down to a power of two
 
 
-def normalization_origin(problem, x, l, layout=None):
-  """The per-row origin that ``problem.normalize`` subtracts (0 for problems without
-  a shift, e.g. the magnitude operator), so that ``problem.shift(x, origin)`` is
-  ``problem.normalize(x, l)``: the row's largest finite entry where its magnitude
-  exceeds ``l / sqrt(eps)``, else 0 (:meth:`CappedSimplex.normalize`; a test checks
-  the two agree bit for bit)."""
-  if not hasattr(problem, "shift"):
-    return jnp.zeros_like(l)
-  layout = _layout.DEFAULT if layout is None else layout
-  top = layout.max(layout.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x))
-  far = jnp.abs(top) * np.sqrt(np.finfo(x.dtype).eps) > l
-  return jnp.where(jnp.isfinite(top) & far, top, jnp.zeros_like(top))
+normalization_origin = _float_range.normalization_origin
 
 
 def normalized(problem, x, origin):
@@ -205,23 +195,50 @@ def solve_block(problem, x, k, l, init, *, free_passes: int = bounded_newton.FRE
 
 
 def fused_block(problem, x, k, l, init, *, free_passes: int, write_output: bool, layout=None):
-  """All the work of one program: normalize, solve, finish, residual, output.
+  """All the work of one program: rescale, normalize, solve, finish, residual, output.
 
-  Returns ``(y, lam, origin, iter_num, certified, residual)`` with ``lam`` relative to
-  the normalized rows ``problem.shift(x, origin)``; ``y`` is ``None`` unless
-  ``write_output``.
+  Returns ``(y, lam, origin, iter_num, certified, residual, scale, binary)``. The rows
+  of a problem with a shift (the mask) are first multiplied by the exact power of two
+  ``scale`` (:func:`implicit_topk.solvers.float_range.scale_exponent`: rows near the
+  float maximum or minimum), and ``lam`` is relative to the rescaled, normalized rows
+  ``problem.shift(x * scale, origin)`` (strength ``l * scale``). ``binary`` marks rows
+  that the shift by the row maximum hid a binary answer from, decided exactly
+  (:func:`~implicit_topk.solvers.float_range.hidden_binary_rows`) and written as their
+  exact 0/1 mask. ``y`` is ``None`` unless ``write_output`` (``binary`` is then all
+  false).
   """
   layout = _BLOCK_ROWS if layout is None else layout
   block = problem.with_layout(layout)
+  e = (_float_range.scale_exponent(layout, x, l) if hasattr(problem, "shift")
+       else jnp.zeros_like(l, jnp.int32))
+  x, l = _float_range.rescale(layout, x, l, e)
+  scale = _float_range.unscale(jnp.ones_like(l), -e)
   origin = normalization_origin(block, x, l, layout)
   xn = normalized(block, x, origin)
   if init is not None:
-    init = init - origin
+    init = init * scale - origin
   lam, iter_num, certified = solve_block(problem, xn, k, l, init, free_passes=free_passes,
                                          layout=layout)
   residual = jnp.abs(block.optimality(lam, xn, k, l))
-  y = block.primal(lam, xn, l) if write_output else None
-  return y, lam, origin, iter_num, certified, residual
+  binary = iter_num < 0
+  y = None
+  if write_output:
+    y = block.primal(lam, xn, l)
+    if hasattr(problem, "shift"):
+      binary, top = _float_range.hidden_binary_rows(block, layout, x, xn, origin, lam, k, l)
+      y = layout.map(lambda v, out, f, t: jnp.where(f > 0, _float_range.hard_mask(v, t), out),
+                     x, y, layout.expand(binary, x), layout.expand(top, x))
+  return y, lam, origin, iter_num, certified, residual, scale, binary
+
+
+def _store(refs, outs, write_y):
+  """Stores the per-row outputs of :func:`fused_block` (and ``y`` with ``write_y``)."""
+  y_ref, *row_refs = refs
+  y, *per_row = outs
+  if y_ref is not None:
+    write_y(y_ref, y)
+  for ref, value in zip(row_refs, per_row):
+    ref[...] = value.astype(ref.dtype)
 
 
 def _kernel(problem, free_passes, warm, write_output, *refs):
@@ -229,20 +246,15 @@ def _kernel(problem, free_passes, warm, write_output, *refs):
   x_ref, k_ref, l_ref, *refs = refs
   init_ref = refs.pop(0) if warm else None
   y_ref = refs.pop(0) if write_output else None
-  lam_ref, origin_ref, iter_ref, certified_ref, residual_ref = refs
-  dtype = lam_ref.dtype
+  dtype = refs[0].dtype
   load = lambda ref: ref[...].astype(dtype)
-  y, lam, origin, iter_num, certified, residual = fused_block(
-      problem, load(x_ref), load(k_ref), load(l_ref),
-      None if init_ref is None else load(init_ref), free_passes=free_passes,
-      write_output=write_output)
-  if write_output:
-    y_ref[...] = y.astype(y_ref.dtype)
-  lam_ref[...] = lam
-  origin_ref[...] = origin
-  iter_ref[...] = iter_num
-  certified_ref[...] = certified.astype(jnp.int32)
-  residual_ref[...] = residual
+  outs = fused_block(problem, load(x_ref), load(k_ref), load(l_ref),
+                     None if init_ref is None else load(init_ref), free_passes=free_passes,
+                     write_output=write_output)
+
+  def write_y(ref, y):
+    ref[...] = y.astype(ref.dtype)
+  _store([y_ref, *refs], outs, write_y)
 
 
 def _long_kernel(problem, free_passes, warm, write_output, chunk, num_chunks, *refs):
@@ -250,21 +262,14 @@ def _long_kernel(problem, free_passes, warm, write_output, chunk, num_chunks, *r
   x_ref, k_ref, l_ref, *refs = refs
   init_ref = refs.pop(0) if warm else None
   y_ref = refs.pop(0) if write_output else None
-  lam_ref, origin_ref, iter_ref, certified_ref, residual_ref = refs
-  dtype = lam_ref.dtype
+  dtype = refs[0].dtype
   load = lambda ref: ref[...].astype(dtype)
   layout = pallas_long_rows._Chunks(num_chunks=num_chunks)  # pylint: disable=protected-access
   x = pallas_long_rows.lazy_row(x_ref, dtype, chunk)
-  y, lam, origin, iter_num, certified, residual = fused_block(
-      problem, x, load(k_ref), load(l_ref), None if init_ref is None else load(init_ref),
-      free_passes=free_passes, write_output=write_output, layout=layout)
-  if write_output:
-    pallas_long_rows.write_row(y_ref, y, chunk, num_chunks)
-  lam_ref[...] = lam
-  origin_ref[...] = origin
-  iter_ref[...] = iter_num
-  certified_ref[...] = certified.astype(jnp.int32)
-  residual_ref[...] = residual
+  outs = fused_block(problem, x, load(k_ref), load(l_ref),
+                     None if init_ref is None else load(init_ref), free_passes=free_passes,
+                     write_output=write_output, layout=layout)
+  _store([y_ref, *refs], outs, lambda ref, y: pallas_long_rows.write_row(ref, y, chunk, num_chunks))
 
 
 def _varying_axes(value) -> frozenset:
@@ -343,9 +348,9 @@ def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_el
   # Under shard_map the outputs vary over the mesh axes the inputs vary over.
   like = sum(jnp.zeros_like(v, dtype) if v.ndim == 1 else jnp.zeros_like(v[:, 0], dtype)
              for v in args)
-  per_row = [_struct((batch_pad,), dtype, like), _struct((batch_pad,), dtype, like),
-             _struct((batch_pad,), jnp.int32, like), _struct((batch_pad,), jnp.int32, like),
-             _struct((batch_pad,), dtype, like)]
+  # lam, origin, passes, certified, residual, scale, binary
+  per_row = [_struct((batch_pad,), t, like)
+             for t in (dtype, dtype, jnp.int32, jnp.int32, dtype, dtype, jnp.int32)]
   out_shape = ([_struct((batch_pad, n_pad), x.dtype, like)] if write_output else []) + per_row
   out_specs = ([full_spec] if write_output else []) + [row_spec] * len(per_row)
   if chunk is None:
@@ -359,8 +364,8 @@ def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_el
       compiler_params=None if interpret else triton_params(num_warps=num_warps, num_stages=1),
       name="implicit_topk_threshold")(*args)
   y = outs[0][:batch, :n] if write_output else None
-  lam, origin, iter_num, certified, residual = (v[:batch] for v in outs[-5:])
-  return y, lam, origin, iter_num, certified != 0, residual
+  lam, origin, iter_num, certified, residual, scale, binary = (v[:batch] for v in outs[-7:])
+  return y, lam, origin, iter_num, certified != 0, residual, scale, binary != 0
 
 
 def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
@@ -392,12 +397,17 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
       chunks of that many entries (tests).
 
   Returns:
-    ``(y, lam, origin, iter_num, certified, residual)``: the output ``(batch, n)`` in
-    the dtype of ``x`` (``None`` without ``write_output``); per row, in the
-    accumulation dtype (:func:`accumulation_dtype`), the threshold of the normalized
-    row ``problem.shift(x, origin)``, the normalization origin, the int32 passes, the
-    bool certificate (true for every row: Proposition 17) and
-    :math:`|\hat\phi(\lambda)|`.
+    ``(y, lam, origin, iter_num, certified, residual, scale, binary)``: the output
+    ``(batch, n)`` in the dtype of ``x`` (``None`` without ``write_output``); per row,
+    in the accumulation dtype (:func:`accumulation_dtype`), the threshold of the
+    rescaled, normalized row ``problem.shift(x * scale, origin)`` (strength
+    ``l * scale``), the normalization origin, the int32 passes, the bool certificate
+    (true for every row: Proposition 17), :math:`|\hat\phi(\lambda)|`, the exact
+    power of two ``scale`` (1 except near the ends of the float range:
+    :func:`implicit_topk.solvers.float_range.scale_exponent`) and whether the row is a
+    binary row that the shift hid, written as its exact 0/1 mask
+    (:func:`~implicit_topk.solvers.float_range.hidden_binary_rows`; its derivatives
+    are 0).
   """
   if x.ndim != 2 or not fits(x.shape[1]):
     raise ValueError(f"the Pallas threshold kernels take (batch, n) rows with 1 <= n <= "
@@ -435,7 +445,7 @@ def threshold_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_ne
   """Thresholds of the rows of ``x`` (in the coordinates of ``x``) by the fused kernel,
   without the output: ``(lam, iter_num, certified)``, each ``(batch,)``. Arguments as
   in :func:`fused_rows`."""
-  _, lam, origin, iter_num, certified, _ = fused_rows(
+  _, lam, origin, iter_num, certified, _, scale, _ = fused_rows(
       problem, x, k, l, init, free_passes=free_passes, interpret=interpret,
       num_warps=num_warps, write_output=False)
-  return lam + origin, iter_num, certified
+  return (lam + origin) / scale, iter_num, certified

@@ -1,0 +1,214 @@
+"""Issue 33 item 4: p-norm masks at the ends of the float range, every threshold solver.
+
+Rows near the float maximum (both signs, so that a row's shift by its largest entry can
+round or clamp to the float range), near the float minimum (normal and subnormal
+entries, subnormal strengths), and rows mixing both scales, in float64 and float32. The
+answer is checked against ``tests/references.py`` (the threshold located among the
+breakpoints of phi in exact rational arithmetic, ``fractions.Fraction``; nothing from
+``implicit_topk``):
+
+* a row that is binary in exact arithmetic (the k-th and (k+1)-th largest finite entries
+  at least ``l`` apart, decided with Fractions) gives the exact 0/1 mask and zero
+  derivatives;
+* every entry whose exact value is 0 and stays 0 under the rounding the library documents
+  (its distance from the row maximum rounded, ``references.mask_tolerance``) is exactly 0,
+  and every entry is within that tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import implicit_topk as itk
+
+sys.path.insert(0, os.path.dirname(__file__))
+import references as R  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+SOLVERS = ("native", "threshold", "pav", "pallas")
+P_VALUES = (4.0 / 3.0, 2.0, 1.5)
+
+
+def _ulp(v, dtype):
+  return float(np.spacing(np.abs(np.asarray(v, dtype))))
+
+
+def _rows(rng, family, dtype, rows, n):
+  """``(x, k, l)`` of ``rows`` rows of ``n`` normal entries from one family:
+
+  * ``max_spread``: entries of both signs across the top binades (shifted by the row
+    maximum, differences beyond the float range), strengths from ulps of the entries up
+    to the largest the API takes (``1 / tiny``);
+  * ``max_cluster``: a cluster a few ulps wide anywhere in the top binades, most rows
+    with a far maximum above it, strengths of a few of the cluster's ulps (binary rows
+    whose k-th and (k+1)-th entries round together once shifted);
+  * ``min_normal``: entries up to 64 times the smallest normal, strengths of 1 to 30 of it
+    (thresholds and differences subnormal, which XLA flushes to zero);
+  * ``min_cluster``: a cluster within a few hundred subnormal steps of twice the smallest
+    normal (either sign), strengths of 1 to 4 smallest normals;
+  * ``mixed``: a maximum at 1 or 1e-100 over a cluster near the smallest normal, strengths
+    near it (the shift by the maximum leaves nothing of the cluster).
+
+  ``k`` is an integer (binary rows possible) in 80% of the rows.
+  """
+  info = np.finfo(dtype)
+  top, tiny, eps = float(info.max), float(info.tiny), float(info.eps)
+  strongest = 0.25 / tiny  # the API takes l < 1 / tiny
+  xs, ks, ls = [], [], []
+  for _ in range(rows):
+    k = float(rng.integers(1, n))
+    if family == "max_spread":
+      x = rng.choice([-1.0, 1.0], n) * top * rng.uniform(0.2, 1.0, n)
+      l = min(top * 10.0 ** rng.uniform(-2.0 * info.precision, 0.0), strongest)
+    elif family == "max_cluster":
+      c = rng.choice([-1.0, 1.0]) * top * rng.uniform(0.05, 0.99)
+      u = _ulp(c, dtype)
+      x = c + u * rng.integers(-6, 7, n)
+      if rng.uniform() < 0.7:
+        x[0] = top * rng.uniform(0.9, 1.0)
+        k = min(k + 1, n - 1)
+      l = u * rng.uniform(0.3, 6.0)
+    elif family == "min_normal":
+      x = rng.choice([-1.0, 1.0], n) * tiny * rng.uniform(1.0, 64.0, n)
+      l = tiny * 10.0 ** rng.uniform(0.0, 1.5)
+    elif family == "min_cluster":
+      x = tiny * rng.choice([-1.0, 1.0]) * (2.0 + eps * rng.integers(-300, 301, n))
+      l = tiny * rng.uniform(1.0, 4.0)
+    elif family == "mixed":
+      x = tiny * rng.choice([-1.0, 1.0]) * (2.0 + eps * rng.integers(-300, 301, n))
+      x[0] = rng.choice([1.0, 1e-100])
+      k = min(k + 1, n - 1)
+      l = tiny * rng.uniform(1.0, 4.0)
+    else:
+      raise ValueError(family)
+    if rng.uniform() < 0.2:
+      k -= rng.uniform(0.05, 0.95)
+    x = np.clip(x, -top, top).astype(dtype)
+    assert np.all((np.abs(x) >= tiny) | (x == 0))
+    xs.append(rng.permutation(x))
+    ks.append(np.asarray(k, dtype))
+    ls.append(np.asarray(max(l, tiny), dtype))
+  return np.array(xs, dtype), np.array(ks, dtype), np.array(ls, dtype)
+
+
+def exact_binary_mask(x, k, l):
+  """The 0/1 mask where the row is binary in exact arithmetic (integer k over the finite
+  entries, the k-th and (k+1)-th largest at least l apart, Fractions), else None."""
+  x = np.asarray(x, np.float64)
+  finite = np.sort(x[np.isfinite(x)])[::-1]
+  k_f = float(k) - float(np.sum(x == np.inf))
+  if k_f != math.floor(k_f) or not 0 < k_f < finite.size:
+    return None
+  m = int(k_f)
+  if Fraction(finite[m - 1]) - Fraction(finite[m]) < Fraction(float(l)):
+    return None
+  return np.where(x == np.inf, 1.0, np.where(np.isfinite(x) & (x >= finite[m - 1]), 1.0, 0.0))
+
+
+def robust_zeros(info, eps):
+  """Entries whose exact mask is 0 and stays 0 when their distance to the threshold moves
+  by the rounding ``references.mask_tolerance`` allows (distances from the row maximum
+  rounded, 16 eps of them; rows solved unshifted near 0: 2 |x_max| more); ``info`` is
+  the reference's for the row (``t`` the exact threshold in units of l)."""
+  out = np.zeros(info["n"], bool)
+  if info["t"] is None:
+    return out
+  z, t = info["z"], info["t"]
+  top = max(z)
+  extra = 2 * abs(float(top)) if abs(float(top)) * math.sqrt(2 * eps) <= 1.0 else 0.0
+  margin = 16 * eps * (np.array([float(top - zi) for zi in z]) + abs(float(t - top)) + extra)
+  d = np.array([float(zi - t) for zi in z])
+  out[info["finite"]] = d + margin <= 0
+  return out
+
+
+def _solve(solver, x, k, l, p):
+  return lambda v: itk.soft_topk_mask(v, jnp.asarray(k), regularization_strength=jnp.asarray(l),
+                                      p=p, solver=solver)
+
+
+def check_rows(solver, x, k, l, p, *, grads=True):
+  """Every check of the module on the rows ``(x, k, l)``; returns the binary rows seen."""
+  dtype = x.dtype
+  eps = float(np.finfo(dtype).eps) / 2
+  fun = _solve(solver, x, k, l, p)
+  y = np.asarray(jax.jit(fun)(jnp.asarray(x)), np.float64)
+  x64 = x.astype(np.float64)
+  expected, infos = R.soft_topk_mask(x64, k.astype(np.float64), l.astype(np.float64), p,
+                                     with_info=True)
+  tol = R.mask_tolerance(x64, k.astype(np.float64), l.astype(np.float64), p, eps=eps,
+                         unshifted_rows=True)
+  binary_rows = []
+  for r in range(x.shape[0]):
+    what = f"row {r}: x={x[r].tolist()!r} k={float(k[r])!r} l={float(l[r])!r} y={y[r]}"
+    hard = exact_binary_mask(x64[r], k[r], l[r])
+    if hard is not None:
+      binary_rows.append(r)
+      np.testing.assert_array_equal(y[r], hard, err_msg="binary row: " + what)
+    zeros = robust_zeros(dict(infos[r], n=x.shape[1]), eps)
+    assert np.all(y[r][zeros] == 0), "exact zeros: " + what
+    assert np.all(np.abs(y[r] - expected[r]) <= tol[r]), (
+        f"{what} expected={expected[r]} tol={tol[r]}")
+  if grads and binary_rows:
+    w = jnp.asarray(np.random.default_rng(0).normal(size=x.shape), dtype)
+    grad = np.asarray(jax.jit(jax.grad(lambda v: jnp.sum(w * fun(v))))(jnp.asarray(x)))
+    np.testing.assert_array_equal(grad[binary_rows], 0.0)
+  return binary_rows
+
+
+FAMILIES = ("max_spread", "max_cluster", "min_normal", "min_cluster", "mixed")
+# The default run: the pure-JAX solver (the TPU default) and the fused GPU kernel
+# (interpret mode) on the hidden binary rows, the pure-JAX solver near the float minimum;
+# the rest is slow.
+_DEFAULT = {("threshold", np.float64, "max_cluster"), ("threshold", np.float64, "min_normal"),
+            ("pallas", np.float64, "max_cluster")}
+# The native kernel (kernels/cpu/native_threshold.py, not changed with this test) fails
+# these in float64: NaN rows near the float maximum where the shift overflows, and rows
+# near the float minimum whose strength is within 30 smallest normals (thresholds flushed
+# to zero: masks that do not sum to k).
+_NATIVE_FAILS = "native kernel: float64 rows at the ends of the float range (issue 33 item 4)"
+
+
+def _cases():
+  for family in FAMILIES:
+    for dtype in (np.float64, np.float32):
+      for solver in SOLVERS:
+        marks = []
+        if not ({(solver, dtype), (solver, dtype, family)} & _DEFAULT):
+          marks.append(pytest.mark.slow)
+        if solver == "native" and dtype == np.float64:
+          marks.append(pytest.mark.xfail(reason=_NATIVE_FAILS, strict=False))
+        yield pytest.param(family, dtype, solver, marks=marks,
+                           id=f"{family}-{np.dtype(dtype).name}-{solver}")
+
+
+@pytest.mark.parametrize("family,dtype,solver", list(_cases()))
+def test_rows_at_the_ends_of_the_float_range(family, dtype, solver):
+  rng = np.random.default_rng([FAMILIES.index(family), np.dtype(dtype).itemsize])
+  x, k, l = _rows(rng, family, dtype, 40, 6)
+  binary = check_rows(solver, x, k, l, 4.0 / 3.0)
+  if family == "max_cluster":
+    assert len(binary) >= 10  # the family exists for them
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ["threshold", "pav", "pallas"])
+@pytest.mark.parametrize("p", P_VALUES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("seed", range(3))
+def test_sweep(solver, p, dtype, seed):
+  """Every family, rows of 3 to 17 entries, p = 4/3, 2 and 1.5."""
+  for family in FAMILIES:
+    rng = np.random.default_rng([seed, FAMILIES.index(family), np.dtype(dtype).itemsize, 7])
+    n = int(rng.integers(3, 18))
+    x, k, l = _rows(rng, family, dtype, 40, n)
+    check_rows(solver, x, k, l, p, grads=family == "max_cluster")
