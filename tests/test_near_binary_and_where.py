@@ -326,7 +326,8 @@ def _hidden_binary_rows(rng, rows, n):
   return np.array(xs), np.array(ks), np.array(ls)
 
 
-def test_issue_examples_binary_rows_near_the_float_maximum():
+@pytest.mark.parametrize("solver", _default_native())
+def test_issue_examples_binary_rows_near_the_float_maximum(solver):
   u = float(np.spacing(1e308))
   rows = [([1.7e308, -1e308, -1e308 - 2 * u], 2.0, 1.5 * u),  # shifted: both clamp to -max
           ([1.0e308, 0.9e308, 0.9e308 - 2 * np.spacing(0.9e308), -1e300], 2.0,
@@ -336,7 +337,7 @@ def test_issue_examples_binary_rows_near_the_float_maximum():
     x = np.array(x)
     expected = _exact_hard_mask(x, k, l)
     assert expected is not None
-    f = lambda v: itk.soft_topk_mask(v, k, regularization_strength=l, solver="native")
+    f = lambda v: itk.soft_topk_mask(v, k, regularization_strength=l, solver=solver)
     np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))), expected)
     w = jnp.arange(float(x.size))
     grad = np.asarray(jax.grad(lambda v: jnp.sum(w * f(v)))(jnp.asarray(x)))
@@ -344,10 +345,11 @@ def test_issue_examples_binary_rows_near_the_float_maximum():
 
 
 @pytest.mark.parametrize("n", [4, 9, pytest.param(40, marks=pytest.mark.slow)])
-def test_hidden_binary_rows_near_the_float_maximum_are_exactly_binary(n):
+@pytest.mark.parametrize("solver", _default_native())
+def test_hidden_binary_rows_near_the_float_maximum_are_exactly_binary(solver, n):
   x, k, l = _hidden_binary_rows(np.random.default_rng(n), 200, n)
   y = np.asarray(itk.soft_topk_mask(jnp.asarray(x), jnp.asarray(k),
-                                    regularization_strength=jnp.asarray(l), solver="native"))
+                                    regularization_strength=jnp.asarray(l), solver=solver))
   checked = 0
   for r in range(x.shape[0]):
     expected = _exact_hard_mask(x[r], k[r], l[r])
