@@ -50,6 +50,14 @@ def _pick(table, index):
   return jnp.sum(jnp.where(column == index[..., None], table, 0), axis=-1)
 
 
+def mask_sum(gaps, weights, l, a):
+  r""":math:`S(l) = \sum_i w_i\,g(d_i / l)` per row (gaps :math:`d_i`; weight-0 entries
+  and :math:`d_i \le 0` count 0)."""
+  use = (weights > 0) & (gaps > 0)
+  return jnp.sum(jnp.where(use, weights * _mask(jnp.where(use, gaps, 0.0) / l[..., None], a), 0.0),
+                 axis=-1)
+
+
 def crossing_strength(gaps, weights, target, a):
   r"""The largest strength :math:`l^\star` with :math:`S(l^\star) = \sum_i w_i\,
   \min(1, (d_i / l^\star)^a) \ge K` (``target``), per row; ``inf`` where
@@ -75,20 +83,20 @@ def crossing_strength(gaps, weights, target, a):
   incl = jnp.sum(jnp.where(later & valid[..., None, :], w[..., None, :] * _power(ratio, a), 0.0),
                  axis=-1)  # M_j
   before = jnp.cumsum(w, axis=-1) - w  # W_j
-  at_break = jnp.where(valid, before + incl, jnp.inf)
-  big_j = jnp.sum(at_break <= target[..., None], axis=-1)
-  count = jnp.sum(valid, axis=-1)
-  inside = big_j < count
-  # The entries used are consecutive (those before are infinite, those after 0 or unused).
-  first = jnp.argmax(valid, axis=-1)
-  d_j, m_j, w_j = (_pick(table, first + big_j) for table in (d, incl, before))
-  left = jnp.where(big_j > 0, _pick(d, first + big_j - 1), jnp.inf)  # the piece's other end
-  room = target - w_j
-  ratio_j = jnp.where(inside & (room > 0), m_j, 1.0) / jnp.where(inside & (room > 0), room, 1.0)
-  on_piece = jnp.clip(d_j * _power(ratio_j, 1.0 / a), d_j, left)
-  smallest = _pick(d, first + jnp.maximum(count - 1, 0))
+  past = valid & (before + incl > target[..., None])  # S(d_j) > K: l* >= d_j
+  # On each piece's formula, clipped to the piece [d_j, d_{j-1}]; the first piece past K
+  # holds l*, later ones give less (their pieces lie below it): the largest is l*.
+  left = jnp.concatenate([jnp.full_like(d[..., :1], jnp.inf),
+                          jnp.where(valid[..., :-1], d[..., :-1], jnp.inf)], axis=-1)
+  room = target[..., None] - before
+  fits = past & (room > 0)
+  ratio_j = jnp.where(fits, incl, 1.0) / jnp.where(fits, room, 1.0)
+  piece = jnp.where(fits, jnp.clip(d * _power(ratio_j, 1.0 / a), d, left), left)
+  on_piece = jnp.max(jnp.where(past, piece, -jnp.inf), axis=-1)
+  # No piece past K: the mask is binary at the smallest gap (if the weights reach K).
+  smallest = jnp.min(jnp.where(valid, d, jnp.inf), axis=-1)
   binary = jnp.where(jnp.sum(w, axis=-1) >= target, smallest, jnp.nan)
-  strength = jnp.where(inside, jnp.where(room > 0, on_piece, left), binary)
+  strength = jnp.where(jnp.any(past, axis=-1), on_piece, binary)
   return jnp.where(target <= 0, jnp.inf, strength)
 
 
@@ -120,7 +128,17 @@ def threshold(top, weights, cut, l, target, a):
   q_cut = jnp.where(finite_cut, (cut - origin) / l, 0.0)
   breaks = jnp.concatenate([q, q - 1.0, q_cut[..., None]], axis=-1)
   usable = jnp.concatenate([valid, valid, finite_cut[..., None]], axis=-1)
-  at_break = jnp.sum(w[..., None, :] * _mask(q[..., None, :] - breaks[..., :, None], a), axis=-1)
+  # F at v_j counts the entries above it, at v_j - l those below it (the others are 1):
+  # one mask per pair (j, i).
+  index = jnp.arange(size)
+  before = index[None, :] < index[:, None]  # [j, i]: i < j
+  after = index[None, :] > index[:, None]
+  pairs = q[..., None, :] - q[..., :, None]
+  terms = w[..., None, :] * _mask(jnp.where(before, pairs, pairs + 1.0), a)
+  at_enter = jnp.sum(jnp.where(before, terms, 0.0), axis=-1)
+  at_saturate = jnp.cumsum(w, axis=-1) + jnp.sum(jnp.where(after, terms, 0.0), axis=-1)
+  at_cut = jnp.sum(w * _mask(q - q_cut[..., None], a), axis=-1)
+  at_break = jnp.concatenate([at_enter, at_saturate, at_cut[..., None]], axis=-1)
   reached = usable & (at_break >= target[..., None])
   lowest = jnp.where(reached, breaks, -jnp.inf)
   found = jnp.any(reached, axis=-1)

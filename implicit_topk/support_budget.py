@@ -81,7 +81,7 @@ def budget_mask(rows, k, l, m: int, regularizer):
   # XLA rewrite it as a full sort of every row (10x slower at 16384 x 64).
   top = lax.optimization_barrier(lax.stop_gradient(lax.top_k(rows, m + 1)[0]))
   a = regularizer.exponent
-  shift, delta, strength = _threshold(rows, k, l, top, a)
+  shift, delta, strength, _ = _threshold(rows, k, l, top, a)
   z = ((rows - shift[..., None]) - delta[..., None]) / strength[..., None]
   y = regularizer.mask(z)
   return jnp.where(jnp.isnan(strength)[..., None], jnp.nan, y)
@@ -90,13 +90,15 @@ def budget_mask(rows, k, l, m: int, regularizer):
 class _Solution(NamedTuple):
   shift: jax.Array     # the origin of the threshold (no derivatives)
   delta: jax.Array     # lambda' - shift
-  strength: jax.Array  # l' = min(l, l*)
-  binds: jax.Array     # l* < l: lambda' is the cut
-  cut: jax.Array       # the cut of the tie rule (-inf where none)
+  strength: jax.Array  # l' = min(l, l*): below l where the budget binds; NaN: no mask
+  cut: jax.Array       # the cut of the tie rule (-inf where none; no derivatives)
 
 
 def _solve(rows, k, l, top, a) -> _Solution:
-  """Threshold and strength per row from the ``m + 1`` largest values ``top``."""
+  """Threshold and strength per row from the ``m + 1`` largest values ``top``.
+
+  Each of the row passes of the tie rule, the crossing strength and the plain threshold
+  runs only where some row of the batch needs it (``lax.cond``; under ``vmap``, both)."""
   rows, k, l, top = (lax.stop_gradient(v) for v in (rows, k, l, top))
   m = top.shape[-1] - 1
   c = top[..., m]
@@ -104,8 +106,11 @@ def _solve(rows, k, l, top, a) -> _Solution:
   # The tie rule: fewer than k entries above c -> the cut moves below c, where the
   # entries tied at c enter together.
   tied = strictly_above < k
-  count_c = jnp.sum(rows == c[..., None], axis=-1).astype(rows.dtype)
-  below = jnp.max(jnp.where(rows < c[..., None], rows, -jnp.inf), axis=-1)
+  count_c, below = lax.cond(
+      jnp.any(tied),
+      lambda: (jnp.sum(rows == c[..., None], axis=-1).astype(rows.dtype),
+               jnp.max(jnp.where(rows < c[..., None], rows, -jnp.inf), axis=-1)),
+      lambda: (jnp.zeros_like(c), jnp.full_like(c, -jnp.inf)))
   cut = jnp.where(tied, below, c)
   position = jnp.arange(m + 1)
   weight = jnp.where(tied[..., None],
@@ -118,9 +123,15 @@ def _solve(rows, k, l, top, a) -> _Solution:
   weight = jnp.where(jnp.isfinite(top), weight, 0.0)
   finite_cut = jnp.isfinite(cut)
   gaps = jnp.where(finite_cut[..., None], top - jnp.where(finite_cut, cut, 0.0)[..., None], 0.0)
-  l_star = _budget_pieces.crossing_strength(gaps, weight, target, a)
+  # S(l) < k: the plain mask would exceed the budget (proofs/support_budget.md, 1)
+  over = finite_cut & (_budget_pieces.mask_sum(gaps, weight, l, a) < target)
+  l_star = lax.cond(jnp.any(over),
+                    lambda: _budget_pieces.crossing_strength(gaps, weight, target, a),
+                    lambda: jnp.full_like(l, jnp.inf))
   binds = finite_cut & (l > l_star)
-  anchor, offset = _budget_pieces.threshold(top, weight, cut, l, target, a)
+  anchor, offset = lax.cond(jnp.any(~binds),
+                            lambda: _budget_pieces.threshold(top, weight, cut, l, target, a),
+                            lambda: (jnp.zeros_like(l), jnp.zeros_like(l)))
   # The origin of the threshold: the cut where the budget binds (then lambda' = c
   # exactly), else a value next to the plain threshold (lambda - anchor is of order l).
   shift = jnp.where(binds, cut, anchor)
@@ -129,35 +140,33 @@ def _solve(rows, k, l, top, a) -> _Solution:
   strength = jnp.where(binds, l_star, l)
   bad = (jnp.any(jnp.isnan(rows), axis=-1) | jnp.isnan(k) | jnp.isnan(l) | (target < 0)
          | (~binds & jnp.isnan(offset)))
-  return _Solution(jnp.where(bad, 0.0, shift), delta, jnp.where(bad, jnp.nan, strength), binds,
-                   cut)
+  return _Solution(jnp.where(bad, 0.0, shift), delta, jnp.where(bad, jnp.nan, strength), cut)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
 def _threshold(rows, k, l, top, a):
-  """``(shift, lambda' - shift, l')`` per row; derivatives by the implicit function
-  theorem (none for ``shift``, a constant origin)."""
-  solution = _solve(rows, k, l, top, a)
-  return solution.shift, solution.delta, solution.strength
+  """``(shift, lambda' - shift, l', cut)`` per row; derivatives by the implicit function
+  theorem (none for ``shift``, a constant origin, nor for the cut's value)."""
+  return tuple(_solve(rows, k, l, top, a))
 
 
 @_threshold.defjvp
 def _threshold_jvp(a, primals, tangents):
   rows, k, l, top = primals
   rows_dot, k_dot, l_dot, _ = tangents
-  solution = _solve(rows, k, l, top, a)  # the discrete choices
-  shift, delta, strength = _threshold(rows, k, l, top, a)  # differentiable (higher orders)
+  shift, delta, strength, cut = _threshold(rows, k, l, top, a)  # differentiable again
+  binds = strength < l
   d, dz = mask_tangent.slopes(PNORM, float(a), rows, delta, shift, strength)
   total, total_z = jnp.sum(d, axis=-1), jnp.sum(dz, axis=-1)
   moved = jnp.sum(d * rows_dot, axis=-1)
-  at_cut = rows == solution.cut[..., None]
+  at_cut = rows == cut[..., None]
   cut_dot = (jnp.sum(jnp.where(at_cut, rows_dot, 0.0), axis=-1)
              / jnp.maximum(jnp.sum(at_cut, axis=-1), 1).astype(rows.dtype))
   ratio = lambda num, den: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
-  binds = solution.binds
   delta_dot = jnp.where(binds, cut_dot, ratio(moved - total_z * l_dot - k_dot, total))
   strength_dot = jnp.where(binds, ratio(moved - total * cut_dot - k_dot, total_z), l_dot)
   undefined = jnp.isnan(strength)
-  return ((shift, delta, strength),
-          (jnp.zeros_like(shift), jnp.where(undefined, jnp.nan, delta_dot),
-           jnp.where(undefined, jnp.nan, strength_dot)))
+  zero = jnp.zeros_like(shift)
+  return ((shift, delta, strength, cut),
+          (zero, jnp.where(undefined, jnp.nan, delta_dot),
+           jnp.where(undefined, jnp.nan, strength_dot), zero))
