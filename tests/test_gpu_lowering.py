@@ -169,3 +169,62 @@ def test_default_exports_for_cpu_and_cuda_and_runs_here():
     restored = jax.export.deserialize(exported.serialize())
     itk.register_kernels(restored)
     np.testing.assert_allclose(np.asarray(restored.call(x)), np.asarray(fn(x)), rtol=0, atol=1e-6)
+
+
+def _mosaic_gpu():
+  try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  except ImportError as exc:  # pragma: no cover
+    pytest.skip(f"this jax has no Pallas Mosaic GPU backend: {exc}")
+  return plgpu
+
+
+@pytest.mark.slow
+def test_mosaic_gpu_lowers_row_reductions_but_not_the_kernel_body():
+  """Issue 32 item 6, measured with the jax of this environment (docs/guides/choosing.md):
+  Pallas' Mosaic GPU backend lowers for CUDA on a CPU-only machine a block of 128 rows
+  with row sums (WGMMA register layout, swizzled shared-memory tiles) inside a
+  data-dependent ``while_loop``, but not the kernel's body, which is the problems' own
+  ``jax.numpy`` code: it stops at a primitive the backend does not implement
+  (``is_finite``; then ``sqrt``, ``erf_inv`` and per-row constants of the splat layout)
+  and at float64 (no TMA transfer of f64). When this test fails, a newer jax lowers more:
+  look again at a Mosaic GPU option for ``solver="pallas"``."""
+  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
+  plgpu = _mosaic_gpu()
+  rows = plgpu.Layout.WGMMA.reduce(1)
+  spec = plgpu.BlockSpec(transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128)))
+
+  def call(kernel, x, *, in_specs=None):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape[:1], x.dtype),
+                          in_specs=in_specs or [spec],
+                          compiler_params=plgpu.CompilerParams())(x)
+
+  def loop(x_ref, o_ref):  # a bisection-like loop on per-row values, with row sums
+    v = plgpu.load(x_ref, (), layout=plgpu.Layout.WGMMA)
+
+    def body(carry):
+      lam, pending = carry
+      wide = jax.lax.broadcast_in_dim(lam, v.shape, (0,))
+      phi = jnp.sum(jnp.maximum(v - wide, 0.0), axis=-1) - 2.0
+      return lam + 0.5 * phi, pending & (jnp.abs(phi) > 1e-3)
+
+    lam = plgpu.layout_cast(jnp.zeros(v.shape[:1], v.dtype), rows)
+    o_ref[...] = jax.lax.while_loop(lambda c: jnp.sum(jnp.where(c[1], 1, 0)) > 0, body,
+                                    (lam, lam == 0))[0]
+
+  x = jax.ShapeDtypeStruct((128, 64), jnp.float32)
+  text = jax.jit(lambda z: call(loop, z)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text and "stablehlo.while" not in text
+
+  def body(x_ref, o_ref):  # the kernel body's first non-portable step
+    v = x_ref[...]
+    o_ref[...] = jnp.sum(jnp.where(jnp.isfinite(v), v, jnp.zeros_like(v)), axis=-1)
+
+  with pytest.raises(NotImplementedError, match="is_finite"):
+    jax.jit(lambda z: call(body, z)).trace(x).lower(lowering_platforms=("cuda",))
+  with pytest.raises(Exception, match="f64"):
+    jax.jit(lambda z: pl.pallas_call(
+        lambda x_ref, o_ref: o_ref.__setitem__(Ellipsis, x_ref[...] * 2),
+        out_shape=jax.ShapeDtypeStruct(z.shape, z.dtype),
+        compiler_params=plgpu.CompilerParams())(z)).trace(
+            jax.ShapeDtypeStruct((128, 64), jnp.float64)).lower(lowering_platforms=("cuda",))

@@ -21,9 +21,10 @@ changes no answer, and is exact. The threshold solvers (``threshold``, ``pav``,
    ``l (z_1 - z_0)`` between the k-th and (k+1)-th largest entries, ``[z_0, z_1]`` the
    regularizer's saturation interval, both ends finite: the p-norms) can look
    fractional after that rounding (two entries a few ulps apart round together), and a
-   fractional one binary. Where an entry whose shift was inexact (its exact error, by
-   Knuth's TwoSum, is not 0) lies within its rounding of the saturation band around the
-   threshold, the binary test is decided again on the unshifted row: the k-th largest
+   fractional one binary. Where an entry near the saturation band around the threshold
+   was shifted inexactly (its exact error, by Knuth's TwoSum, is not 0) or lies where
+   the float grid is coarser than ``l``, the binary test is decided again on the
+   unshifted row: the k-th largest
    entry by bisection of the floats' ordered bit patterns (at most 64 counting passes in
    float64, 32 in float32, only while such a row is pending), then ``a - b >= l (z_1 -
    z_0)`` in one rounding (exact for the p-norms: ``l`` is a float and rounding is
@@ -87,15 +88,15 @@ def scale_exponent(layout, x, l):
 
 
 def rescale(layout, x, l, e):
-  """``(x 2^-e, l 2^-e)`` per row (exact: powers of two), held constant for
-  derivatives."""
-  factor = jax.lax.stop_gradient(_power_of_two(-e, layout.dtype(x)))
+  """``(x 2^-e, l 2^-e)`` per row (exact: powers of two; the factor is built from the
+  integers ``e``, so it is constant for derivatives)."""
+  factor = _power_of_two(-e, layout.dtype(x))
   return layout.map(lambda v, f: v * f, x, layout.expand(factor, x)), l * factor
 
 
 def unscale(value, e):
   """``value 2^e`` (a threshold back in the coordinates of the unscaled row)."""
-  return value * jax.lax.stop_gradient(_power_of_two(e, value.dtype))
+  return value * _power_of_two(e, value.dtype)
 
 
 def _two_sum_error(a, b):
@@ -114,8 +115,10 @@ def hidden_binary_rows(problem, layout, x, shifted, origin, lam, k, l):
   threshold ``lam`` was solved on. Only for regularizers whose saturation interval
   ``[z0, z1]`` is finite (else ``fix`` is all false). A row is suspect when ``k`` minus
   its ``+inf`` entries is an integer strictly between 0 and its finite count, it has no
-  NaN, and an entry whose shift is inexact lies in ``[lam + l z0 - u, lam + l z1 + u]``,
-  ``u`` its ulp; suspect rows find their k-th largest finite entry ``a`` by bisection of
+  NaN, and an entry within ``w = 8 eps |s|`` of the band ``[lam + l z0, lam + l z1]``
+  (``s`` its shifted value) was shifted inexactly (Knuth's TwoSum error is not 0) or
+  sits where the float grid is coarse (``w >= l (z1 - z0)``): only then can the shift
+  have changed the binary test (``proofs/float_range.md``, item 5). Suspect rows find their k-th largest finite entry ``a`` by bisection of
   the ordered bit patterns (:func:`implicit_topk.solvers.threshold.ordered_midpoint`),
   then the largest entry below it ``b``; ``fix`` where ``a`` is not tied and ``a - b >=
   l (z1 - z0)``. The exact mask of a fixed row is :func:`hard_mask`.
