@@ -374,6 +374,17 @@ def _order_statistics_after(values, count, m, j, scratch):
   if m < _SORT_LIMIT:
     for p in range(m + 1):
       scratch[p] = -np.inf
+    if count > 8 * (m + 1):
+      # many more entries than the buffer: only those above its last one can change it
+      # (a few dozen in a random order), so skip the others (the same buffer)
+      for i in range(count):
+        v = values[i]
+        if v > scratch[m]:
+          for p in range(m + 1):
+            kept = scratch[p]
+            scratch[p] = max(kept, v)
+            v = min(kept, v)
+      return scratch[m - 1], scratch[j], scratch[m]
     for i in range(count):
       v = values[i]
       for p in range(m + 1):
@@ -754,7 +765,8 @@ def _small_k_row(row, n, k, l, a, tol, root_eps, work):
   shorter rows are iterated on in place (the entries at or below the bracket's lower
   end add exact zeros to phi and its derivatives, so the sums are those over the
   candidates in row order: the same threshold to the bit as the general path).
-  Returns (ok, lam, passes); not ``ok`` (a non-finite entry, or a row far from 0
+  Returns (ok, lam, passes, the gap from the row's maximum to its ``ceil(k) + 1``-th
+  largest entry); not ``ok`` (a non-finite entry, or a row far from 0
   relative to ``l``, to be solved relative to its maximum) leaves the row to the
   general path."""
   m, j = int(math.ceil(k)), int(math.floor(k))
@@ -768,27 +780,33 @@ def _small_k_row(row, n, k, l, a, tol, root_eps, work):
       s0, s1, s2 = _insert3(s0, s1, s2, v)
   gather = n > _IN_PLACE_ROW
   if not finite or abs(s0) * root_eps > l:
-    return False, 0.0, 0
+    return False, 0.0, 0, np.inf
+  gap = s0 - (s1 if m == 1 else s2)
   x_m = s0 if m == 1 else s1
   x_next = s0 if j == 0 else (s1 if j == 1 else s2)
   lo, hi = x_m - l, x_next
   if j == m and lo >= hi:  # binary: the middle of the flat root interval
-    return True, _midpoint(hi, lo), 0
+    return True, _midpoint(hi, lo), 0, gap
   start = lo + min(max(0.5 ** a, 0.1), 0.9) * (hi - lo)
   if not gather:
     lam, passes = _newton(row, n, k, l, PNORM, a, lo, hi, start, tol)
-    return True, lam, passes
+    return True, lam, passes, gap
   count = _count_above(work, count, lo)
   lam, passes = _newton(work, count, k, l, PNORM, a, lo, hi, start, tol)
-  return True, lam, passes
+  return True, lam, passes, gap
 
 
 @njit(**_OPTIONS)
 def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out):
   """One row's (threshold, passes, origin), its mask written into ``out``; returns
   also ``|sum(out) - k|``."""
-  if kind == PNORM and kb > 0.0 and kb <= 2.0 and kb < n - 1 and n <= _ONE_PASS_ROW:
-    solved, value, it = _small_k_row(row, n, kb, lb, a, tol, root_eps, work)
+  if (kind == PNORM and kb > 0.0 and kb <= 2.0 and kb < n - 1
+      and (n <= _ONE_PASS_ROW or (guess[0] == np.inf and n < _SAMPLED_ROW))):
+    # rows of more than _ONE_PASS_ROW entries take this path only while there is no
+    # previous row nor a sample to guess their cut from; they leave the guess behind
+    solved, value, it, gap = _small_k_row(row, n, kb, lb, a, tol, root_eps, work)
+    if solved and n > _ONE_PASS_ROW and gap < np.inf:
+      _update_guess(guess, gap)
     if solved:
       total = _write_finite_mask(row, n, value, lb, kind, a, 0.0, out)
       return value, it, 0.0, abs(total - kb)
