@@ -15,6 +15,21 @@ from hypothesis import settings
 
 jax.config.update("jax_enable_x64", True)
 
+# JAX's persistent compilation cache, shared by the test workers and by later runs (the
+# slow group after the default run, in CI): a program that two workers compile, or that
+# both groups compile, is compiled once (XLA:CPU executables load from disk). Tracing
+# and lowering still run in every process, so the tests see the same programs; only
+# XLA's compilation of an identical module is skipped. Its key holds the jax version,
+# the module and the compile options. IMPLICIT_TOPK_TEST_JAX_CACHE=off turns it off,
+# or names another directory.
+_JAX_CACHE = os.environ.get(
+    "IMPLICIT_TOPK_TEST_JAX_CACHE",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax_cache"))
+if _JAX_CACHE != "off":
+  jax.config.update("jax_compilation_cache_dir", _JAX_CACHE)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 settings.register_profile("derandomized", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
