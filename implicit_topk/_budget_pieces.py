@@ -39,9 +39,8 @@ def _power(u, a):
 
 
 def _mask(u, a):
-  """:math:`g(u) = \\min(1, u_+^a)` (no derivatives are taken through it)."""
-  inside = (u > 0) & (u < 1)
-  return jnp.where(u >= 1, 1.0, jnp.where(inside, _power(jnp.where(inside, u, 0.5), a), 0.0))
+  """:math:`g(u) = \min(1, u_+^a)` (no derivatives are taken through it)."""
+  return _power(jnp.clip(u, 0.0, 1.0), a)
 
 
 def _pick(table, index):
