@@ -1,7 +1,8 @@
 """The native kernel's router rows solved many at a time (``kernels/cpu/native_lanes``).
 
-Rows of 3 to 16 entries with ``0 < k <= 2`` and p = 4/3 or 2 go through lanes, a block
-of 64 rows at a time. Checked against the independent references of
+Rows of 3 to 512 entries with ``0 < k <= 2`` and p = 4/3 or 2 go through lanes, a block
+of 64 rows at a time: rows of up to 16 entries whole, longer rows by their candidates
+(at most 16 of them; rows with more are left to the per-row kernel). Checked against the independent references of
 ``tests/references.py`` (exact rational breakpoints, then float64 bisection; no code
 shared with the library) with the tolerance rule of ``tests/test_fuzz.py``, on blocks
 that mix every kind of row the lanes meet: ordinary, tied, binary, near-binary (more
@@ -55,7 +56,7 @@ def _reference(x, k, l, p):
                    for r in range(x.shape[0])])
 
 
-@pytest.mark.parametrize("n", [3, 8, 16])
+@pytest.mark.parametrize("n", [3, 8, 16, 17, 64])
 @pytest.mark.parametrize("p", [4.0 / 3.0, 2.0])
 @pytest.mark.parametrize("dtype,eps", [(np.float32, U32), (np.float64, U64)])
 def test_router_blocks_match_the_reference(n, p, dtype, eps):
@@ -89,12 +90,16 @@ def _kernel(x, k, l, a, per_row):
   return y, lam, passes
 
 
+@pytest.mark.parametrize("n", [8, 64])
 @pytest.mark.parametrize("a", [3.0, 1.0])
-def test_lanes_give_the_per_row_kernel_results_to_the_bit(a):
+def test_lanes_give_the_per_row_kernel_results_to_the_bit(a, n):
   # The lanes run the per-row kernel's iteration pass for pass: the same mask,
   # threshold and pass count, including the rows that resume after the lanes' passes.
-  rng = np.random.default_rng(int(a))
-  x, k, l = _block_rows(8, rng, rows=200)
+  rng = np.random.default_rng([int(a), n])
+  x, k, l = _block_rows(n, rng, rows=200)
+  if n > native_lanes.LANE_ROW:  # rows with more candidates than the lanes hold
+    x[10::17] = np.linspace(1.0, 0.9, n)
+    l[10::17] = 0.5
   x, k, l = x.astype(np.float32), k.astype(np.float32), l.astype(np.float32)
   lanes, rows = _kernel(x, k, l, a, False), _kernel(x, k, l, a, True)
   for got, expected in zip(lanes, rows):

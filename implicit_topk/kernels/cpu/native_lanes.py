@@ -34,15 +34,19 @@ import math
 import numpy as np
 from numba import njit
 
-from implicit_topk.kernels.cpu.native_threshold import (PNORM, _OPTIONS, _bisection_point,
-                                                        _midpoint, _newton)
+from implicit_topk.kernels.cpu.native_threshold import (_ONE_PASS_ROW, PNORM, _OPTIONS,
+                                                        _bisection_point, _count_above,
+                                                        _gather_two_halves, _midpoint, _newton)
 
 #: Rows per block.
 BLOCK = 64
 #: Newton passes taken in lanes; rows still iterating then resume one by one.
 LANE_PASSES = 5
-#: The longest row taken in lanes.
+#: The longest row iterated on in lanes whole; longer rows (up to the per-row kernel's
+#: one-pass length) put their candidates in the lanes.
 LANE_ROW = 16
+#: The most candidates a longer row may put in the lanes.
+CANDIDATES = 16
 # the rows of the lanes' state array
 _TOP0, _TOP1, _TOP2, _BAD, _K, _L, _INV, _LO, _HI, LAM, _PREV = range(11)
 TOTAL, _SLOPE, _CURVE, _STATE, PASSES = range(11, 16)
@@ -52,19 +56,24 @@ _SKIP, _ITERATING, _DONE = 0.0, 1.0, 2.0
 
 @njit(**_OPTIONS)
 def workspace(n):
-  """The arrays :func:`block_thresholds` works in, for rows of ``n`` entries: the
-  block's entries by lane, the lanes' state and the list of the iterating lanes."""
-  return np.empty((max(n, 1), BLOCK)), np.empty((STATE_ROWS, BLOCK)), np.empty(BLOCK, np.int64)
+  """The arrays the lanes work in, for rows of ``n`` entries: the block's entries (or
+  candidates) by lane, the lanes' state and the list of the iterating lanes."""
+  return (np.empty((max(min(n, LANE_ROW), CANDIDATES), BLOCK)), np.empty((STATE_ROWS, BLOCK)),
+          np.empty(BLOCK, np.int64))
 
 
 @njit(**_OPTIONS)
 def takes(kind, a, n):
-  """Whether rows of ``n`` entries of the regularizer ``(kind, a)`` go through lanes."""
-  return kind == PNORM and (a == 3.0 or a == 1.0) and n >= 3 and n <= LANE_ROW
+  """How rows of ``n`` entries of the regularizer ``(kind, a)`` go through lanes: 0 not
+  at all, 1 whole (:func:`block_thresholds`), 2 by their candidates
+  (:func:`gathered_thresholds`)."""
+  if not (kind == PNORM and (a == 3.0 or a == 1.0) and n >= 3):
+    return 0
+  return 1 if n <= LANE_ROW else (2 if n <= _ONE_PASS_ROW else 0)
 
 
 @njit(**_OPTIONS)
-def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterating):
+def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterating, work):
   """The thresholds of rows ``b0 .. b0 + width - 1`` of ``x`` (``width <= BLOCK``) that
   the lanes take, in float64 (the mask is written from it): row ``b0 + r``'s in
   ``state[LAM, r]``, its passes in ``state[PASSES, r]`` (with ``shift`` 0: these rows
@@ -87,6 +96,62 @@ def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterat
       top2[r] = max(top2[r], min(top1[r], carried))
       top1[r] = max(top1[r], carried)
   taken = _brackets(width, n, k, l, a, b0, root_eps, state)
+  _iterate(values, n, width, a, tol, state, iterating, work)
+  return taken
+
+
+@njit(**_OPTIONS)
+def gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterating,
+                        work):
+  """As :func:`block_thresholds` for rows longer than :data:`LANE_ROW` (up to the
+  per-row kernel's one-pass length): each row's bracket and candidates (the entries
+  above ``x_(m) - l``, in row order) from the per-row kernel's one pass, the candidates
+  into the lanes (padded with ``-inf``, which adds exact zeros), then the lanes'
+  iteration. Rows with more than :data:`CANDIDATES` candidates are left to the per-row
+  kernel."""
+  n = x.shape[1]
+  taken, span = 0, 0
+  fraction = min(max(0.5 ** a, 0.1), 0.9)
+  for r in range(width):
+    kr, lr = float(k[b0 + r]), float(l[b0 + r])
+    state[_K, r], state[_L, r], state[_INV, r] = kr, lr, 1.0 / lr
+    state[LAM, r], state[PASSES, r], state[_STATE, r], state[_BAD, r] = 0.0, 0.0, _SKIP, 0.0
+    if not (kr > 0.0 and kr <= 2.0 and kr < n - 1):
+      continue
+    m, j = int(math.ceil(kr)), int(math.floor(kr))
+    finite, top0, top1, top2, count = _gather_two_halves(x[b0 + r], n, m, lr, work)
+    if not finite or abs(top0) * root_eps > lr:
+      continue
+    x_m = top0 if m == 1 else top1
+    x_next = top0 if j == 0 else (top1 if j == 1 else top2)
+    lo, hi = x_m - lr, x_next
+    if j == m and lo >= hi:  # binary: the middle of the flat root interval
+      state[LAM, r], state[_STATE, r] = _midpoint(hi, lo), _DONE
+      taken |= 1 << r
+      continue
+    count = _count_above(work, count, lo)
+    if count > CANDIDATES:
+      continue
+    taken |= 1 << r
+    for i in range(count):
+      values[i, r] = work[i]
+    state[_BAD, r] = count
+    span = max(span, count)
+    state[_LO, r], state[_HI, r] = lo, hi
+    state[LAM, r] = lo + fraction * (hi - lo)
+    state[_PREV, r] = 2.0 * (hi - lo)
+    state[_STATE, r] = _ITERATING
+  for r in range(width):
+    for i in range(int(state[_BAD, r]), span):
+      values[i, r] = -np.inf
+  _iterate(values, span, width, a, tol, state, iterating, work)
+  return taken
+
+
+@njit(**_OPTIONS)
+def _iterate(values, n, width, a, tol, state, iterating, work):
+  """The lanes' Newton passes over ``values[:n]``, then the per-row iteration for the
+  lanes still iterating after :data:`LANE_PASSES` (on their column of ``values``)."""
   active = 0
   for r in range(width):
     iterating[active] = r
@@ -98,10 +163,11 @@ def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterat
     active = _steps(iterating, active, tol, state)
   for position in range(active):  # the slowest rows resume the per-row iteration
     r = iterating[position]
+    for i in range(n):
+      work[i] = values[i, r]
     state[LAM, r], state[PASSES, r] = _newton(
-        x[b0 + r], n, state[_K, r], state[_L, r], PNORM, a, state[_LO, r], state[_HI, r],
+        work, n, state[_K, r], state[_L, r], PNORM, a, state[_LO, r], state[_HI, r],
         state[LAM, r], tol, state[_PREV, r], int(state[PASSES, r]))
-  return taken
 
 
 @njit(inline="always", **_OPTIONS)

@@ -855,9 +855,13 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   for b0 in range(0, rows, native_lanes.BLOCK):
     width = min(native_lanes.BLOCK, rows - b0)
     taken = 0
-    if lanes:
+    if lanes == 1:
       taken = native_lanes.block_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
-                                            state, iterating)
+                                            state, iterating, work)
+    elif lanes == 2:
+      taken = native_lanes.gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
+                                               state, iterating, work)
+    if lanes:
       native_lanes.write_results(x, k, b0, width, a, state, y, lam, passes, residual, shift)
     if taken == native_lanes.every_lane(width):
       continue
