@@ -1,21 +1,27 @@
-r"""The thresholds of short router rows, many rows at a time (numba, CPU).
+r"""The thresholds of router rows, many rows at a time (numba, CPU).
 
-A row of a few entries (a router's scores over 8 to 16 experts, ``k`` of 1 or 2) costs
-the per-row kernel (:mod:`~implicit_topk.kernels.cpu.native_threshold`) more in the
-latency of its iteration than in arithmetic: each Newton pass waits on the previous one.
-Here a block of rows is transposed into lanes (entry ``i`` of row ``r`` at
-``values[i, r]``), so that every step runs over the block's rows at once, in loops that
-LLVM vectorizes across rows and whose lanes do not wait on each other:
+A router row (a few to a few hundred scores, ``k`` of 1 or 2) costs the per-row kernel
+(:mod:`~implicit_topk.kernels.cpu.native_threshold`) more in the latency of its
+iteration than in arithmetic: each Newton pass waits on the previous one. Here a block
+of :data:`BLOCK` rows is put into lanes (entry ``i`` of row ``r`` at ``values[i, r]``),
+so that every step runs over the block's rows at once, in loops that LLVM vectorizes
+across rows and whose lanes do not wait on each other:
 
-* one pass keeps each row's three largest entries (min/max pairs) and checks that the
-  row is finite; the bracket ``[x_(m) - l, x_(j+1)]`` and the binary rows follow as in
+* rows of at most :data:`LANE_ROW` entries go in whole: one pass over the lanes keeps
+  each row's three largest entries (min/max pairs) and checks that the row is finite;
+  the bracket ``[x_(m) - l, x_(j+1)]`` and the binary rows follow as in
   :func:`~implicit_topk.kernels.cpu.native_threshold._small_k_row`;
+* longer rows (up to the per-row kernel's one-pass length) put in their candidates,
+  the entries above ``x_(m) - l`` in row order as the per-row kernel gathers them
+  (at most :data:`CANDIDATES`; a row with more is left to the per-row kernel), the
+  lanes padded with ``-inf``;
 * each Newton pass takes phi and its derivatives on every lane (the entries at or below
-  a row's bracket add exact zeros, so each lane's sums are those of the per-row kernel,
-  in row order), then each row still iterating takes the safeguarded step of
-  :func:`~implicit_topk.kernels.cpu.native_threshold._newton`, the same arithmetic;
-* after :data:`LANE_PASSES` passes the rows still iterating (a few in a hundred) resume
-  the per-row iteration where they are.
+  a row's bracket and the padding add exact zeros, so each lane's sums are those of the
+  per-row kernel, in row order), then each row still iterating takes the safeguarded
+  step of :func:`~implicit_topk.kernels.cpu.native_threshold._newton`, the same
+  arithmetic;
+* after :data:`LANE_PASSES` passes the rows still iterating (a few in a hundred, near
+  binary) resume the per-row iteration where they are.
 
 So every row gets the per-row kernel's threshold and pass count to the bit. Rows the
 lanes do not take (non-finite entries, rows far from 0 relative to ``l``, ``k``
