@@ -363,25 +363,38 @@ def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: Array
              standardize=_power(standardize))
 
 
-def _solve_tree(tree, k, l, *, solver, return_info, standardize=None):
+def _solve_tree(tree, k, l, *, solver, return_info, standardize=None, max_support=None):
   leaves, treedef = jax.tree.flatten(tree)
   dtype = _validation.compute_dtype(jnp.result_type(*leaves))
-  rows = treedef.unflatten([leaf.astype(dtype) for leaf in leaves])
-  y, state = _solve(solver, rows, k, l, return_info=True, standardize=standardize)
+  if max_support is not None:  # one row of all the entries: one lax.top_k over them
+    row = jnp.concatenate([leaf.astype(dtype).ravel() for leaf in leaves])
+    flat, state = _solve(solver.with_layout(_layout.LastAxis()), row, k, l, return_info=True,
+                         standardize=standardize, max_support=max_support)
+    ends = np.cumsum([int(np.size(leaf)) for leaf in leaves])[:-1]
+    y = treedef.unflatten([part.reshape(np.shape(leaf))
+                           for part, leaf in zip(jnp.split(flat, ends), leaves)])
+  else:
+    rows = treedef.unflatten([leaf.astype(dtype) for leaf in leaves])
+    y, state = _solve(solver, rows, k, l, return_info=True, standardize=standardize)
   y = treedef.unflatten([out.astype(leaf.dtype)
                          for out, leaf in zip(treedef.flatten_up_to(y), leaves)])
   return (y, state) if return_info else y
 
 
-_solve_tree_jit = jax.jit(_solve_tree, static_argnames=("solver", "return_info", "standardize"))
+_solve_tree_jit = jax.jit(_solve_tree, static_argnames=("solver", "return_info", "standardize",
+                                                        "max_support"))
 
 
 def tree_operator(solver: Any, tree: Any, k: ArrayLike, l: ArrayLike, *, name: str,
-                  return_info: bool = False, standardize: float | None = None) -> Any:
+                  return_info: bool = False, standardize: float | None = None,
+                  max_support: int | None = None) -> Any:
   """Validates a pytree of float arrays and solves one threshold over all its entries.
 
   ``k`` (``0 <= k <=`` the total number of entries) and ``l`` are scalars. Returns a
   pytree of the structure of ``tree``, each leaf with its own shape and dtype.
+  ``max_support``: at most that many nonzero entries in the whole pytree (p-norm mask
+  problems; the leaves are then concatenated into one row,
+  :mod:`implicit_topk.support_budget`).
   """
   leaves, treedef = jax.tree.flatten(tree)
   if not leaves:
@@ -407,6 +420,9 @@ def tree_operator(solver: Any, tree: Any, k: ArrayLike, l: ArrayLike, *, name: s
       raise ValueError(f"`{arg}` must be a scalar (one threshold for the whole pytree); got "
                        f"shape {np.shape(value)}.")
   _validation.check_k(k, n)
+  if max_support is not None:
+    support_budget.check_max_support(max_support, _validation.concrete(k),
+                                     solver.problem.regularizer)
   _validation.check_strength(l, min((leaf.dtype for leaf in checked), key=_validation.max_strength),
                              STRENGTH)
   solver = solver.with_layout(_layout.Tree())
@@ -414,4 +430,4 @@ def tree_operator(solver: Any, tree: Any, k: ArrayLike, l: ArrayLike, *, name: s
   k, l = as_parameter(k, widest), as_parameter(l, widest)
   run = _solve_tree_jit if _hashable(solver) else _solve_tree
   return run(jax.tree.unflatten(treedef, checked), k, l, solver=solver, return_info=return_info,
-             standardize=_power(standardize))
+             standardize=_power(standardize), max_support=max_support)

@@ -158,8 +158,14 @@ def soft_topk_mask(
       such a tie straddles the cut; gradients through both the mask's and the
       strength's equations (``proofs/support_budget.md``). p-norm regularizers only
       (the others have no exact zeros: ``ValueError``), whole rows (not with
-      ``axis_name``); one ``lax.top_k`` of ``m + 1`` entries per row on top of the
-      plain mask.
+      ``axis_name``: ``ValueError``). Cost: one
+      ``lax.top_k`` of ``m + 1`` entries per row, the threshold and ``l*`` in closed
+      form on those values, and the mask of the row elementwise; no solver runs, so
+      ``solver``, ``diff``, ``tol``, ``maxiter`` and ``implicit_diff_backend`` do not
+      apply (rows of at most ``m`` entries, which never bind, use the solver). The same
+      JAX code on CPU and GPU; ``where``, ``standardize``, NaN and infinite entries,
+      every dtype, ``jit``, ``vmap``, forward and reverse mode (higher orders too) and
+      ``jax.export`` (no custom call) work as without it.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -249,7 +255,11 @@ def segment_soft_topk_mask(
 
   Typical uses: top-k within each sequence of a packed batch (expert-choice routing
   over variable-length sequences), top-k per graph of a batched graph, per-group
-  selection. ``segment_ids`` need not be sorted (``indices_are_sorted=True`` lets
+  selection. There is no ``max_support`` here: the budget's math carries over to each
+  segment, but it needs each segment's (m+1)-th largest entry, and XLA has no
+  segmented top-k: a sort of the whole axis by (segment, value) would cost more than
+  this operator's O(n) passes (pad the segments into rows and use
+  :func:`soft_topk_mask` with ``where=`` and ``max_support=`` instead). ``segment_ids`` need not be sorted (``indices_are_sorted=True`` lets
   XLA use a faster path when they are).
 
   Args:
@@ -333,6 +343,7 @@ def tree_soft_topk_mask(
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
     standardize: bool = False,
+    max_support: int | None = None,
     l: ArrayLike | None = None,
 ) -> Union[PyTree, tuple[PyTree, solvers.RootState]]:
   r"""One soft top-k mask over every entry of a pytree of arrays (one global threshold).
@@ -383,6 +394,11 @@ def tree_soft_topk_mask(
       the mask is invariant under ``x -> c * x + b`` for ``c > 0``. Gradients flow
       through the standard deviation (``proofs/standardized_strength.md``). Default
       False: the strength is absolute.
+    max_support: ``None`` (default) or an int ``m > k``: at most ``m`` nonzero entries
+      in the whole pytree, as :func:`soft_topk_mask`'s ``max_support`` on the
+      concatenation of the flattened leaves (which it then builds: one copy of the
+      entries, one ``lax.top_k`` of ``m + 1`` over all of them; the Newton iteration
+      does not run).
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -411,4 +427,5 @@ def tree_soft_topk_mask(
       "threshold", problem, implicit_diff_backend=implicit_diff_backend, diff=diff,
       maxiter=maxiter)
   return _apply.tree_operator(solver_obj, scores, k, l, name="scores", return_info=return_info,
-                              standardize=_MASK_SCALE_POWER if standardize else None)
+                              standardize=_MASK_SCALE_POWER if standardize else None,
+                              max_support=max_support)

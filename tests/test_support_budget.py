@@ -338,6 +338,26 @@ def test_the_budget_moves_the_gradient_to_the_cut_entry():
   assert g[2] != 0 and g[3] == 0 and g[4] == 0
 
 
+# -- the pytree form --------------------------------------------------------------------
+
+
+def test_tree_form_is_the_mask_of_the_concatenated_leaves():
+  rng = np.random.default_rng(13)
+  tree = {"w": jnp.asarray(rng.normal(size=(3, 4))), "b": jnp.asarray(rng.normal(size=(5,)))}
+  flat = np.concatenate([np.asarray(tree["b"]).ravel(), np.asarray(tree["w"]).ravel()])
+  for l in (0.1, 3.0):
+    y = itk.tree_soft_topk_mask(tree, 2.5, regularization_strength=l, max_support=4)
+    got = np.concatenate([np.asarray(y["b"]).ravel(), np.asarray(y["w"]).ravel()])
+    np.testing.assert_allclose(got, reference(flat, 2.5, l, 4), rtol=0, atol=1e-12)
+    assert np.sum(got > 0) <= 4 and y["w"].shape == (3, 4)
+  weights = jnp.asarray(rng.normal(size=(3, 4)))
+  f = lambda t: jnp.sum(weights * itk.tree_soft_topk_mask(t, 2.5, regularization_strength=3.0,
+                                                          max_support=4)["w"])
+  check_grads(f, (tree,), order=1, modes=("rev",), eps=1e-6, atol=1e-6, rtol=1e-6)
+  with pytest.raises(ValueError, match="max_support.*larger than k"):
+    itk.tree_soft_topk_mask(tree, 4.0, max_support=4)
+
+
 # -- transformations, info, arguments ------------------------------------------------------
 
 
