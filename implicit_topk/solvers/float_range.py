@@ -131,45 +131,50 @@ def hidden_binary_rows(problem, layout, x, shifted, origin, lam, k, l):
     return false, jnp.zeros_like(lam)
   lam_e, l_e, o_e = L.expand(lam, x), L.expand(l, x), L.expand(origin, x)
 
-  def inexact_near(v, s, lam_, l_, o):
+  def score(v, s, lam_, l_, o):
+    """2 for NaN, 1 for an entry whose shift may have changed the binary test, else 0."""
     error = _two_sum_error(v, -o)
     ulps = 8 * np.finfo(dtype).eps * jnp.abs(s)  # 4 to 8 ulps of s
     near = (s >= lam_ + l_ * z0 - ulps) & (s <= lam_ + l_ * z1 + ulps)
     coarse = ulps >= l_ * (z1 - z0)
-    return jnp.isfinite(v) & ((error != 0) | coarse) & near
+    flagged = jnp.isfinite(v) & ((error != 0) | coarse) & near
+    return jnp.where(jnp.isnan(v), 2, jnp.where(flagged, 1, 0)).astype(dtype)
 
-  n_inexact = L.count(L.map(inexact_near, x, shifted, lam_e, l_e, o_e), jnp.int32)
-  n_pos_inf = L.count(L.map(lambda v: v == jnp.inf, x), dtype)
-  n_finite = L.count(L.map(jnp.isfinite, x), dtype)
-  n_nan = L.count(L.map(jnp.isnan, x), jnp.int32)
-  k_f = k - n_pos_inf
-  suspect = ((n_inexact > 0) & (n_nan == 0) & (k_f == jnp.floor(k_f)) & (k_f > 0)
-             & (k_f < n_finite))
+  # One pass for every row; the bisection below runs only while a suspect row is pending.
+  suspect = (L.max(L.map(score, x, shifted, lam_e, l_e, o_e)) == 1) & (k == jnp.floor(k))
 
+  # Every reduction in the loop depends on the carry (none is loop-invariant, so XLA
+  # hoists no full-size array out of the loop: a row that is not suspect costs nothing).
   def body(carry):
-    lo, hi, pending, tied, below = carry
+    lo, hi, pending, a, tied, below, present = carry
     mid = _threshold.ordered_midpoint(lo, hi)
     lo_e, mid_e = L.expand(lo, x), L.expand(mid, x)
-    at_least = L.count(L.map(lambda v, m: jnp.isfinite(v) & (v >= m), x, mid_e), dtype)
-    at_lo = L.count(L.map(lambda v, m: jnp.isfinite(v) & (v >= m), x, lo_e), dtype)
-    under = L.max(L.map(lambda v, m: jnp.where(jnp.isfinite(v) & (v < m), v, -jnp.inf),
-                        x, lo_e))
+    at_least = L.count(L.map(lambda v, m: v >= m, x, mid_e), dtype)
+    at_lo = L.count(L.map(lambda v, m: v >= m, x, lo_e), dtype)
+    at_lo_exactly = L.count(L.map(lambda v, m: v == m, x, lo_e), dtype)
+    under = L.max(L.map(lambda v, m: jnp.where(v < m, v, -jnp.inf), x, lo_e))
     exhausted = (mid == lo) | (mid == hi)
     finished = pending & exhausted
-    tied = jnp.where(finished, at_lo > k_f, tied)
+    a = jnp.where(finished, lo, a)
+    tied = jnp.where(finished, at_lo > k, tied)
     below = jnp.where(finished, under, below)
-    go_up = pending & ~exhausted & (at_least >= k_f)
-    go_down = pending & ~exhausted & (at_least < k_f)
+    present = jnp.where(finished, at_lo_exactly > 0, present)
+    go_up = pending & ~exhausted & (at_least >= k)
+    go_down = pending & ~exhausted & (at_least < k)
     return (jnp.where(go_up, mid, lo), jnp.where(go_down, mid, hi), pending & ~exhausted,
-            tied, below)
+            a, tied, below, present)
 
   def cond(carry):
     return jnp.sum(jnp.where(carry[2], 1, 0)) > 0  # no boolean `any` reduction (Triton)
 
+  # P(c) = #{x_i >= c} >= k (+inf entries counted, NaN rows excluded) from [lowest, inf):
+  # lo ends at the k-th largest entry when it is finite; where it is +inf (k at most the
+  # row's +inf entries) lo ends at the largest float, which is no entry or a tied one.
   lowest = jnp.full_like(lam, jnp.finfo(dtype).min)
-  carry = (lowest, jnp.full_like(lam, jnp.inf), suspect, suspect, jnp.full_like(lam, -jnp.inf))
-  a, _, _, tied, b = jax.lax.while_loop(cond, body, carry)
-  fix = suspect & ~tied & (a - b >= l * (z1 - z0))
+  false = suspect & ~suspect
+  carry = (lowest, jnp.full_like(lam, jnp.inf), suspect, lowest, false, lowest, false)
+  _, _, _, a, tied, b, present = jax.lax.while_loop(cond, body, carry)
+  fix = (suspect & present & ~tied & (b > -jnp.inf) & (a - b >= l * (z1 - z0)))
   return fix, a
 
 
