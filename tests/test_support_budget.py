@@ -338,6 +338,31 @@ def test_the_budget_moves_the_gradient_to_the_cut_entry():
   assert g[2] != 0 and g[3] == 0 and g[4] == 0
 
 
+# -- the two ways to find the m+1 largest values -------------------------------------------
+
+
+@pytest.mark.parametrize("passes", [0, 10**9])  # lax.top_k / masked maxima
+def test_top_k_and_masked_maxima_give_the_reference(passes, monkeypatch):
+  from implicit_topk import regularizers, support_budget
+  monkeypatch.setattr(support_budget, "_PASSES_UP_TO", passes)
+  x = np.concatenate([_rows(14, (4, 11)), _rows(15, (4, 11), ties=True),
+                      [[np.inf, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0, -3.0, 1.0, 1.0, 1.0],
+                       [np.nan] + [1.0] * 10,
+                       [3.0, 2.0, -np.inf] + [-np.inf] * 8]])
+  k = jnp.full(x.shape[:1], 2.5)
+  for l in (0.2, 5.0):
+    f = jax.jit(lambda z, s: support_budget.budget_mask(z, k, jnp.full_like(k, s), 3,
+                                                        regularizers.PNorm(4.0 / 3.0)))
+    y = np.asarray(f(jnp.asarray(x), l))
+    np.testing.assert_allclose(y[:-2], reference(x[:-2], 2.5, l, 3), rtol=0, atol=1e-11)
+    assert np.all(np.isnan(y[-2])) and np.all(np.isnan(y[-1]))  # NaN; k above the count
+  weights = jnp.asarray(_rows(16, (4, 11)))  # the rows without ties (differentiable)
+  g = lambda z: jnp.sum(weights * support_budget.budget_mask(
+      z, k[:4], jnp.full_like(k[:4], 5.0), 3, regularizers.PNorm(4.0 / 3.0)))
+  check_grads(g, (jnp.asarray(x[:4]),), order=1, modes=("rev",), eps=1e-6, atol=1e-6,
+              rtol=1e-6)
+
+
 # -- the pytree form --------------------------------------------------------------------
 
 
