@@ -140,6 +140,11 @@ class PallasSolver(ThresholdRootSolver):
   (:mod:`~implicit_topk.kernels.gpu.pallas_long_rows`); longer rows, and symbolic
   shapes, are solved by :class:`ThresholdSolver` (its ``while_loop`` at the XLA level).
   Accumulates in float32 for float32, bfloat16 and float16 input, float64 for float64.
+  The kernel first multiplies each row of the mask and its strength by an exact power of
+  two (rows near the float maximum or minimum), and writes the exact 0/1 mask, with zero
+  derivatives, for p-norm rows that are binary in exact arithmetic although the shift by
+  the row maximum rounded the entries around the threshold
+  (:mod:`implicit_topk.solvers.float_range`, ``proofs/float_range.md``).
 
   Attributes:
     free_passes: unconstrained Newton passes before the ordered bisections start, an
