@@ -87,9 +87,13 @@ def budget_mask(rows, k, l, m: int, regularizer):
   ``k``) gives NaN; ``+inf`` entries get 1, ``-inf`` entries 0, like the plain mask."""
   values, weights, cut = _entries(lax.stop_gradient(rows), lax.stop_gradient(k), m)
   a = regularizer.exponent
-  shift, delta, strength = _threshold(rows, k, l, values, weights, cut, a)
-  z = ((rows - shift[..., None]) - delta[..., None]) / strength[..., None]
-  y = regularizer.mask(z)
+  shift, offset, strength = _threshold(rows, k, l, values, weights, cut, a)
+  # (x - shift) / l' - offset: no difference of order l' is formed, which could be
+  # subnormal (flushed to 0 by XLA:CPU) for rows of scale 1e-300
+  z = (rows - shift[..., None]) / strength[..., None] - offset[..., None]
+  # lambda' >= cut: the entries at or below the cut are 0 exactly (z may round to a
+  # tiny positive value there: XLA divides through the reciprocal)
+  y = jnp.where(rows > cut[..., None], regularizer.mask(z), 0.0)
   return jnp.where(jnp.isnan(strength)[..., None], jnp.nan, y)
 
 
@@ -157,7 +161,7 @@ def _entries_by_top_k(rows, k, m):
 
 class _Solution(NamedTuple):
   shift: jax.Array     # the origin of the threshold (no derivatives)
-  delta: jax.Array     # lambda' - shift
+  offset: jax.Array    # (lambda' - shift) / l'
   strength: jax.Array  # l' = min(l, l*): below l where the budget binds; NaN: no mask
 
 
@@ -185,17 +189,17 @@ def _solve(k, l, values, weights, cut, a) -> _Solution:
   # The origin of the threshold: the cut where the budget binds (then lambda' = c
   # exactly), else a value next to the plain threshold (lambda - anchor is of order l).
   shift = jnp.where(binds, cut, anchor)
-  delta = jnp.where(binds, 0.0, jnp.maximum(offset * l, jnp.where(finite_cut, cut - anchor,
-                                                                      -jnp.inf)))
+  offset = jnp.where(binds, 0.0, jnp.maximum(offset, jnp.where(finite_cut, (cut - anchor) / l,
+                                                                       -jnp.inf)))
   strength = jnp.where(binds, l_star, l)
   bad = (jnp.isnan(values[..., 0]) | jnp.isnan(k) | jnp.isnan(l) | (target < 0)
          | (~binds & jnp.isnan(offset)))
-  return _Solution(jnp.where(bad, 0.0, shift), delta, jnp.where(bad, jnp.nan, strength))
+  return _Solution(jnp.where(bad, 0.0, shift), offset, jnp.where(bad, jnp.nan, strength))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
 def _threshold(rows, k, l, values, weights, cut, a):
-  """``(shift, lambda' - shift, l')`` per row; derivatives by the implicit function
+  """``(shift, (lambda' - shift) / l', l')`` per row; derivatives by the implicit function
   theorem (none for ``shift``, a constant origin)."""
   del rows  # the derivatives need it
   return tuple(_solve(k, l, values, weights, cut, a))
@@ -205,9 +209,9 @@ def _threshold(rows, k, l, values, weights, cut, a):
 def _threshold_jvp(a, primals, tangents):
   rows, k, l, values, weights, cut = primals
   rows_dot, k_dot, l_dot = tangents[:3]
-  shift, delta, strength = _threshold(rows, k, l, values, weights, cut, a)  # for higher orders
+  shift, offset, strength = _threshold(rows, k, l, values, weights, cut, a)  # higher orders
   binds = strength < l
-  d, dz = mask_tangent.slopes(PNORM, float(a), rows, delta, shift, strength)
+  d, dz = mask_tangent.slopes(PNORM, float(a), rows, offset * strength, shift, strength)
   total, total_z = jnp.sum(d, axis=-1), jnp.sum(dz, axis=-1)
   moved = jnp.sum(d * rows_dot, axis=-1)
   at_cut = rows == lax.stop_gradient(cut)[..., None]
@@ -217,6 +221,7 @@ def _threshold_jvp(a, primals, tangents):
   delta_dot = jnp.where(binds, cut_dot, ratio(moved - total_z * l_dot - k_dot, total))
   strength_dot = jnp.where(binds, ratio(moved - total * cut_dot - k_dot, total_z), l_dot)
   undefined = jnp.isnan(strength)
-  return ((shift, delta, strength),
-          (jnp.zeros_like(shift), jnp.where(undefined, jnp.nan, delta_dot),
+  offset_dot = (delta_dot - offset * strength_dot) / strength  # of (lambda' - shift) / l'
+  return ((shift, offset, strength),
+          (jnp.zeros_like(shift), jnp.where(undefined, jnp.nan, offset_dot),
            jnp.where(undefined, jnp.nan, strength_dot)))
