@@ -166,16 +166,12 @@ def check_rows(solver, x, k, l, p, *, grads=True):
 
 
 FAMILIES = ("max_spread", "max_cluster", "min_normal", "min_cluster", "mixed")
-# The default run: the pure-JAX solver (the TPU default) and the fused GPU kernel
-# (interpret mode) on the hidden binary rows, the pure-JAX solver near the float minimum;
-# the rest is slow.
+# The default run: the CPU default (the compiled kernel) near both ends, the pure-JAX
+# solver (the TPU default) and the fused GPU kernel (interpret mode) on the hidden binary
+# rows, the pure-JAX solver near the float minimum; the rest is slow.
 _DEFAULT = {("threshold", np.float64, "max_cluster"), ("threshold", np.float64, "min_normal"),
-            ("pallas", np.float64, "max_cluster")}
-# The native kernel (kernels/cpu/native_threshold.py, not changed with this test) fails
-# these in float64: NaN rows near the float maximum where the shift overflows, and rows
-# near the float minimum whose strength is within 30 smallest normals (thresholds flushed
-# to zero: masks that do not sum to k).
-_NATIVE_FAILS = "native kernel: float64 rows at the ends of the float range (issue 33 item 4)"
+            ("pallas", np.float64, "max_cluster"), ("native", np.float64, "max_spread"),
+            ("native", np.float64, "min_normal")}
 
 
 def _cases():
@@ -185,8 +181,6 @@ def _cases():
         marks = []
         if not ({(solver, dtype), (solver, dtype, family)} & _DEFAULT):
           marks.append(pytest.mark.slow)
-        if solver == "native" and dtype == np.float64:
-          marks.append(pytest.mark.xfail(reason=_NATIVE_FAILS, strict=False))
         yield pytest.param(family, dtype, solver, marks=marks,
                            id=f"{family}-{np.dtype(dtype).name}-{solver}")
 

@@ -61,7 +61,7 @@ import numpy as np
 
 from implicit_topk.kernels.gpu import bounded_newton, pallas_long_rows, platform_select
 from implicit_topk.problems import layout as _layout
-from implicit_topk.solvers import float_range as _float_range
+import implicit_topk.solvers.float_range as _float_range
 import implicit_topk.solvers.threshold as _threshold
 
 #: The longest row the kernel takes (after padding to a power of two): 4096 entries of
