@@ -171,8 +171,9 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   (None or a power ``a``): the strength is ``l`` times each row's standard deviation
   to the power ``a`` (:func:`implicit_topk._standardize.row_spread`). ``max_support``
   (None or an int ``m``; whole rows, p-norms): the mask at the largest strength at most
-  ``l`` whose mask has at most ``m`` nonzero entries, from one ``lax.top_k`` without the
-  solver (:mod:`implicit_topk.support_budget`; ``return_info`` then reports 0 passes).
+  ``l`` whose mask has at most ``m`` nonzero entries, from the row's ``m + 1`` largest
+  values without the solver (:mod:`implicit_topk.support_budget`; ``return_info`` then
+  reports 0 passes).
   """
   layout = solver.layout
   if standardize is not None:

@@ -158,9 +158,9 @@ def soft_topk_mask(
       such a tie straddles the cut; gradients through both the mask's and the
       strength's equations (``proofs/support_budget.md``). p-norm regularizers only
       (the others have no exact zeros: ``ValueError``), whole rows (not with
-      ``axis_name``: ``ValueError``). Cost: one
-      ``lax.top_k`` of ``m + 1`` entries per row, the threshold and ``l*`` in closed
-      form on those values, and the mask of the row elementwise; no solver runs, so
+      ``axis_name``: ``ValueError``). Cost: the ``m + 1`` largest entries of each row
+      (one ``lax.top_k``, or ``m + 2`` masked maxima over short rows), the threshold
+      and ``l*`` in closed form on those values, and the mask of the row elementwise; no solver runs, so
       ``solver``, ``diff``, ``tol``, ``maxiter`` and ``implicit_diff_backend`` do not
       apply (rows of at most ``m`` entries, which never bind, use the solver). The same
       JAX code on CPU and GPU; ``where``, ``standardize``, NaN and infinite entries,
@@ -255,12 +255,14 @@ def segment_soft_topk_mask(
 
   Typical uses: top-k within each sequence of a packed batch (expert-choice routing
   over variable-length sequences), top-k per graph of a batched graph, per-group
-  selection. There is no ``max_support`` here: the budget's math carries over to each
-  segment, but it needs each segment's (m+1)-th largest entry, and XLA has no
-  segmented top-k: a sort of the whole axis by (segment, value) would cost more than
-  this operator's O(n) passes (pad the segments into rows and use
-  :func:`soft_topk_mask` with ``where=`` and ``max_support=`` instead). ``segment_ids`` need not be sorted (``indices_are_sorted=True`` lets
+  selection. ``segment_ids`` need not be sorted (``indices_are_sorted=True`` lets
   XLA use a faster path when they are).
+
+  There is no ``max_support`` here yet: the budget's math carries over to each segment,
+  but XLA has no segmented top-k (a sort of the whole axis by segment and value would
+  cost more than this operator), so it would take ``m + 2`` segment maxima and its own
+  per-segment derivative sums. Padded rows work today: :func:`soft_topk_mask` with
+  ``where=`` and ``max_support=``.
 
   Args:
     x: float array; the segments run along ``axis``, other axes are batch axes.
@@ -397,8 +399,7 @@ def tree_soft_topk_mask(
     max_support: ``None`` (default) or an int ``m > k``: at most ``m`` nonzero entries
       in the whole pytree, as :func:`soft_topk_mask`'s ``max_support`` on the
       concatenation of the flattened leaves (which it then builds: one copy of the
-      entries, one ``lax.top_k`` of ``m + 1`` over all of them; the Newton iteration
-      does not run).
+      entries; the Newton iteration does not run).
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 

@@ -15,12 +15,14 @@ uses the largest strength that meets it, :math:`l^\star = \sup\{l' : S(l') \ge k
 strength :math:`l' = \min(l, l^\star)`, whose threshold is at least the cut
 (``proofs/support_budget.md``).
 
-So the whole answer depends on the entries above the cut only, the ``m`` largest: one
-``lax.top_k`` of ``m + 1`` values per row, then two small problems on those values
-(:mod:`implicit_topk._budget_pieces`: :math:`l^\star` and the plain threshold, each in
-closed form on its piece, O(m^2) per row), then the mask of the whole row at
-:math:`(\lambda', l')`, elementwise. No solver kernel runs: the same pure-JAX code on
-CPU and GPU (whatever ``solver=`` says), and no n x n or n x m intermediate.
+So the whole answer depends on the entries above the cut only, the ``m`` largest: the
+``m + 1`` largest values of each row (one ``lax.top_k``, or over short rows ``m + 2``
+passes of a masked maximum that also count each value), then two small problems on
+those values (:mod:`implicit_topk._budget_pieces`: :math:`l^\star` and the plain
+threshold, each in closed form on its piece, O(m^2) per row), then the mask of the
+whole row at :math:`(\lambda', l')`, elementwise. No solver kernel runs: the same
+pure-JAX code on CPU and GPU (whatever ``solver=`` says), and no n x n or n x m
+intermediate.
 
 Ties: a symmetric operator cannot split a tie. Where fewer than ``k`` entries lie
 strictly above :math:`c`, the cut moves to the next distinct value below :math:`c`
