@@ -206,3 +206,18 @@ def test_sweep(solver, p, dtype, seed):
     n = int(rng.integers(3, 18))
     x, k, l = _rows(rng, family, dtype, 40, n)
     check_rows(solver, x, k, l, p, grads=family == "max_cluster")
+
+
+@pytest.mark.parametrize("solver_class", [itk.NativeSolver, itk.ThresholdSolver])
+def test_solver_objects_apply_takes_the_same_care(solver_class):
+  """``Solver.apply`` (the jaxopt-style object API) goes through the operator's own path:
+  the repro rows of issue 33 item 4 near both ends of the float64 range, against the
+  rational reference."""
+  x = np.array([[6.24e307, -5.71e307, 1.577e308, 1.17e308, -3.76e307, 1.688e308],
+                [-5.76e-307, 8.52e-307, -1.40e-306, 5.94e-307, -7.02e-307, -1.29e-306]])
+  k, l = np.array([4.3516, 2.444]), np.array([1.689e296, 4.17e-308])
+  y = np.asarray(solver_class(regularizer=itk.PNorm(4.0 / 3.0)).apply(jnp.asarray(x), k, l))
+  expected = R.soft_topk_mask(x, k, l, 4.0 / 3.0)
+  tol = R.mask_tolerance(x, k, l, 4.0 / 3.0, eps=float(np.finfo(np.float64).eps) / 2,
+                         unshifted_rows=True)
+  assert np.all(np.abs(y - expected) <= tol), (y, expected)

@@ -248,7 +248,9 @@ class ThresholdRootSolver:
     the output shaped like ``x`` (the top-k mask for the default problem). Also
     available as ``mask``.
     """
-    x, _, l_rows = self._per_row(x, k, l)
+    x, k_rows, l_rows = self._per_row(x, k, l)
+    if init_params is None:  # the operators' own path (exact rescaling, fused kernels)
+      return self.solve_and_map(x, k_rows, l_rows)[0]
     x = self.problem.normalize(x, l_rows)
     return self.primal(self.run(init_params, x, k, l).params, x, l_rows)
 
