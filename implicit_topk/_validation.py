@@ -162,19 +162,25 @@ def max_strength(dtype: Any) -> float:
 
 
 def check_strength(l: Any, dtype: Any, name: str = "regularization_strength") -> None:
-  """Checks ``0 < l < max_strength(dtype)`` (finite) when ``l`` is concrete.
+  """Checks ``min_strength(dtype) <= l < max_strength(dtype)`` when ``l`` is concrete.
 
   ``name`` is the argument's public name in the error message (the regularization
   strength ``l`` is ``regularization_strength`` in every public signature).
   """
   check_positive(l, name)
   concrete = _concrete(l)
-  upper = max_strength(dtype)
-  if concrete is not None and not np.all(concrete < upper):
+  lower, upper = min_strength(dtype), max_strength(dtype)
+  if concrete is not None and not np.all((concrete >= lower) & (concrete < upper)):
     raise ValueError(
-        f"`{name}` must satisfy 0 < {name} < {upper:.4g} (2^{int(np.log2(upper))}: 1 / {name} must "
-        f"be a normal {compute_dtype(dtype).name} number) for {jnp.dtype(dtype).name} input; "
-        f"got {shown(l)}.")
+        f"`{name}` must satisfy {lower:.4g} <= {name} < {upper:.4g} (both {name} and "
+        f"1 / {name} normal {compute_dtype(dtype).name} numbers: XLA reads subnormal numbers "
+        f"as 0) for {jnp.dtype(dtype).name} input; got {shown(l)}.")
+
+
+def min_strength(dtype: Any) -> float:
+  """The smallest regularization strength ``l`` a dtype supports: the smallest normal
+  number of its compute dtype (XLA on CPU and GPU reads a subnormal ``l`` as 0)."""
+  return float(np.finfo(compute_dtype(dtype)).tiny)
 
 
 def check_p(p: Any) -> float:

@@ -366,13 +366,19 @@ def test_l_at_or_beyond_max_strength(dtype, upper):
   divides through 1 / l, which is 0 beyond (y = 0 rows, sum y != k). A concrete l there is
   an error naming it; a traced one gives NaN rows; just below, the exact answer."""
   x = np.array([0.0, 1.0], dtype)
-  with pytest.raises(ValueError, match=r"`regularization_strength` must satisfy 0 < regularization_strength <"):
+  with pytest.raises(ValueError, match=r"`regularization_strength` must satisfy \S+ <= regularization_strength <"):
     itk.soft_topk_mask(x, 1.0, regularization_strength=upper)
-  with pytest.raises(ValueError, match=r"`regularization_strength` must satisfy 0 < regularization_strength <"):
+  with pytest.raises(ValueError, match=r"`regularization_strength` must satisfy \S+ <= regularization_strength <"):
     itk.soft_topk_mag(x, 1.0, regularization_strength=upper)
   traced = jax.jit(lambda l: itk.soft_topk_mask(x, 1.0, regularization_strength=l))
   assert np.all(np.isnan(np.asarray(traced(jnp.asarray(upper, jnp.float32 if upper < 1e300 else jnp.float64)),
                                     np.float64)))
+  # the other end: a subnormal l, which XLA reads as 0 (1 / upper is the smallest normal)
+  for l in (1.0 / upper / 4, 1.0 / upper * (1 - 2.0 ** -10)):
+    with pytest.raises(ValueError, match=r"`regularization_strength` must satisfy \S+ <= regularization_strength <"):
+      itk.soft_topk_mask(x, 1.0, regularization_strength=l)
+  at_tiny = np.asarray(itk.soft_topk_mask(x, 1.0, regularization_strength=1.0 / upper), np.float64)
+  np.testing.assert_array_equal(at_tiny, [0.0, 1.0])  # a gap of 2^126 strengths: binary
   below = np.asarray(itk.soft_topk_mask(x, 1.0, regularization_strength=upper / 2), np.float64)
   # by symmetry y = (0.5, 0.5), up to the rounding of lam and of the cube in y = z^3
   np.testing.assert_allclose(below, [0.5, 0.5], rtol=0, atol=8 * np.finfo(np.float64 if upper > 1e300 else np.float32).eps)
