@@ -3,10 +3,14 @@
 For each cell (float32 scores ~ N(0, 1), p = 4/3 and p = 2) it times, as medians of
 interleaved repeats:
 
-* the kernel's stages, run on the same rows by the kernel's own numba functions
-  (``implicit_topk.kernels.cpu.native_threshold``) and cumulated: the per-row prologue
-  (finiteness and maximum), the bracket (guessed cut, gather of the candidates,
-  selection of the ``ceil(k) + 1`` largest), the Newton iteration, the mask write;
+* the stages of the kernel's general per-row path, run on the same rows by the kernel's
+  own numba functions (``implicit_topk.kernels.cpu.native_threshold``) and cumulated:
+  the per-row prologue (finiteness and maximum), the bracket (guessed cut, gather of the
+  candidates, selection of the ``ceil(k) + 1`` largest), the Newton iteration, the mask
+  write. Router rows (``k <= 2``, up to 512 entries, p = 4/3 or 2) take the lanes
+  instead (``implicit_topk.kernels.cpu.native_lanes``, 64 rows at a time): for those
+  cells the stage columns show what the per-row path would cost, the XLA columns what
+  the kernel costs;
 * the kernel called through XLA (the FFI custom call under ``jax.jit``), the soft mask's
   forward, its forward + backward (the cotangent kernel), and the hard ``lax.top_k``
   mask's forward.
