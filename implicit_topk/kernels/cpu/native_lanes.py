@@ -41,8 +41,8 @@ import numpy as np
 from numba import njit
 
 from implicit_topk.kernels.cpu.native_threshold import (_ONE_PASS_ROW, PNORM, _OPTIONS,
-                                                        _bisection_point, _count_above,
-                                                        _gather_two_halves, _midpoint, _newton)
+                                                        _count_above, _gather_two_halves,
+                                                        _midpoint, _newton, _safeguarded_step)
 
 #: Rows per block.
 BLOCK = 64
@@ -281,35 +281,12 @@ def _steps(iterating, active, tol, state):
 
 @njit(inline="always", **_OPTIONS)
 def _step(r, tol, state):
-  """Lane ``r``'s step: (its next lam, whether it is done); updates its bracket, last
-  step and pass count."""
-  inv, lam, it = state[_INV, r], state[LAM, r], int(state[PASSES, r])
+  """Lane ``r``'s step (the per-row kernel's, from the lane's phi): (its next lam,
+  whether it is done); updates its bracket, last step and pass count."""
+  inv, it = state[_INV, r], int(state[PASSES, r])
   phi, dphi, d2phi = state[TOTAL, r], state[_SLOPE, r] * inv, state[_CURVE, r] * inv * inv
   state[PASSES, r] = it + 1
-  if phi == 0.0:
-    return lam, True
-  if phi > 0.0:
-    state[_LO, r] = lam
-  else:
-    state[_HI, r] = lam
-  lo, hi = state[_LO, r], state[_HI, r]
-  scale = tol * (abs(lam) + 1e-300)
-  if dphi < 0.0:
-    curve = phi * d2phi
-    denominator = dphi * dphi - curve
-    if curve > 0.0 and denominator > 0.0:
-      step = phi * dphi / denominator
-    else:
-      step = phi / dphi
-    if abs(step) <= scale and abs(phi) <= math.sqrt(tol) * (state[_K, r] + 1.0):
-      return lam - step, True
-    candidate = lam - step
-    if (candidate > lo and candidate < hi and abs(step) > scale
-        and abs(step) <= 0.5 * abs(state[_PREV, r])):
-      state[_PREV, r] = step
-      return candidate, False
-  if hi - lo <= scale:
-    return lam, True
-  middle = _bisection_point(lo, hi, it)
-  state[_PREV, r] = lam - middle
-  return middle, False
+  done, lam, state[_LO, r], state[_HI, r], state[_PREV, r] = _safeguarded_step(
+      phi, dphi, d2phi, state[LAM, r], state[_LO, r], state[_HI, r], state[_PREV, r], it,
+      tol, math.sqrt(tol) * (state[_K, r] + 1.0))
+  return lam, done

@@ -228,6 +228,38 @@ def _bisection_point(lo, hi, it):
   return _midpoint(lo, hi)
 
 
+@njit(inline="always", **_OPTIONS)
+def _safeguarded_step(phi, dphi, d2phi, lam, lo, hi, prev_step, it, tol, phi_tol):
+  """One step of :func:`_newton` at ``lam`` (pass ``it``) from phi and its derivatives
+  there: (done, the next lam, the bracket, the last step)."""
+  if phi == 0.0:
+    return True, lam, lo, hi, prev_step
+  if phi > 0.0:
+    lo = lam
+  else:
+    hi = lam
+  scale = tol * (abs(lam) + 1e-300)
+  if dphi < 0.0:
+    # Schroeder's step phi phi' / (phi'^2 - phi phi'') is the longer one exactly
+    # when phi phi'' > 0 (and its denominator is positive): one division either way.
+    curve = phi * d2phi
+    denominator = dphi * dphi - curve
+    if curve > 0.0 and denominator > 0.0:
+      step = phi * dphi / denominator
+    else:
+      step = phi / dphi
+    if abs(step) <= scale and abs(phi) <= phi_tol:
+      return True, lam - step, lo, hi, prev_step
+    candidate = lam - step
+    if (candidate > lo and candidate < hi and abs(step) > scale
+        and abs(step) <= 0.5 * abs(prev_step)):
+      return False, candidate, lo, hi, step
+  if hi - lo <= scale:
+    return True, lam, lo, hi, prev_step
+  middle = _bisection_point(lo, hi, it)
+  return False, middle, lo, hi, lam - middle
+
+
 @njit(**_OPTIONS)
 def _newton(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step=np.nan, first=0):
   """Safeguarded Newton/Schroeder on phi over values[:count] in [lo, hi] from lam.
@@ -241,35 +273,10 @@ def _newton(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step=np.na
   phi_tol = math.sqrt(tol) * (target + 1.0)
   for it in range(first, _MAXITER):
     phi, dphi, d2phi = _phi(values, count, lam, l, target, kind, a)
-    if phi == 0.0:
+    done, lam, lo, hi, prev_step = _safeguarded_step(phi, dphi, d2phi, lam, lo, hi,
+                                                     prev_step, it, tol, phi_tol)
+    if done:
       return lam, it + 1
-    if phi > 0.0:
-      lo = lam
-    else:
-      hi = lam
-    scale = tol * (abs(lam) + 1e-300)
-    if dphi < 0.0:
-      # Schroeder's step phi phi' / (phi'^2 - phi phi'') is the longer one exactly
-      # when phi phi'' > 0 (and its denominator is positive): one division either way.
-      curve = phi * d2phi
-      denominator = dphi * dphi - curve
-      if curve > 0.0 and denominator > 0.0:
-        step = phi * dphi / denominator
-      else:
-        step = phi / dphi
-      if abs(step) <= scale and abs(phi) <= phi_tol:
-        return lam - step, it + 1
-      candidate = lam - step
-      if (candidate > lo and candidate < hi and abs(step) > scale
-          and abs(step) <= 0.5 * abs(prev_step)):
-        prev_step = step
-        lam = candidate
-        continue
-    if hi - lo <= scale:
-      return lam, it + 1
-    middle = _bisection_point(lo, hi, it)
-    prev_step = lam - middle
-    lam = middle
   return lam, _MAXITER
 
 
