@@ -23,7 +23,7 @@ import numpy as np
 from implicit_topk.kernels.cpu import ffi, registry
 from implicit_topk.kernels.cpu.native_calls import (capped_simplex_kernel, derivative_rule,
                                                     kernel_attributes)
-from implicit_topk.solvers import float_range, mask_tangent
+from implicit_topk.solvers import mask_tangent
 from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -114,11 +114,9 @@ class NativeSolver(ThresholdRootSolver):
     native_threshold = getattr(self.problem, "native_threshold", None)
     if native_threshold is not None:  # a problem with its own kernel (Magnitude)
       return native_threshold(x, k, l)
-    e = float_range.scale_exponent(self.layout, x, l)
-    x, l = float_range.rescale(self.layout, x, l, e)
     _, lam, passes, _, shift = capped_simplex_kernel(
         x, k, l, kernel_attributes(self.problem.regularizer))
-    return float_range.unscale(lam + shift, e), passes
+    return lam + shift, passes
 
   def solve_and_map(self, x, k, l):
     """The mask and the thresholds from one kernel call, which also normalizes the rows
@@ -130,11 +128,6 @@ class NativeSolver(ThresholdRootSolver):
       return super().solve_and_map(x, k, l)  # run() refuses unrolled with a clear error
     self._check_dtype(x)
     x, k, l = self._per_row(x, k, l)
-    # The mask depends on (x - lam) / l only: each row and its strength multiplied by the
-    # same power of two (exact) keeps the kernel's shifted differences finite near the
-    # float maximum and its strength's ulps normal near the minimum, where XLA's threads
-    # flush subnormals (implicit_topk.solvers.float_range, proofs/float_range.md).
-    x, l = float_range.rescale(self.layout, x, l, float_range.scale_exponent(self.layout, x, l))
     y, _, passes, residual, _ = _mask_operator(
         kernel_attributes(self.problem.regularizer))(x, k, l)
     state = RootState(iter_num=jax.lax.stop_gradient(passes).astype(jnp.int32),
