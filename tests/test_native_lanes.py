@@ -20,7 +20,7 @@ import pytest
 
 import implicit_topk as itk
 import references as R
-from implicit_topk.kernels.cpu import native_lanes, native_threshold
+from implicit_topk.kernels.cpu import native_lanes, native_mask, native_threshold
 from test_fuzz import U32, U64, assert_close, mtol
 
 jax.config.update("jax_enable_x64", True)
@@ -78,7 +78,7 @@ def _kernel(x, k, l, a, per_row):
   y, lam, passes = np.empty_like(x), np.empty(rows, x.dtype), np.empty(rows, np.int32)
   if not per_row:
     residual, shift = np.empty(rows, x.dtype), np.empty(rows, x.dtype)
-    native_threshold.capped_simplex_rows(x, k, l, native_threshold.PNORM, a, y, lam, passes,
+    native_mask.capped_simplex_rows(x, k, l, native_threshold.PNORM, a, y, lam, passes,
                                          residual, shift)
     return y, lam, passes
   tol, root_eps = 4.0 * np.finfo(x.dtype).eps, float(np.sqrt(np.finfo(x.dtype).eps))

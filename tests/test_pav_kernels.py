@@ -482,7 +482,8 @@ def test_general_p_medium_row_with_big_block():
 
 @pytest.mark.parametrize("name", ["isotonic_pav", "pav_capped_simplex", "pav_magnitude",
                                   "pav_permutahedron", "radix_sort", "pav_ffi",
-                                  "native_threshold", "native_magnitude", "native_derivatives",
+                                  "native_threshold", "native_mask", "native_lanes",
+                                  "native_magnitude", "native_derivatives",
                                   "abi", "kinds"])
 def test_module_does_not_import_jax(name):
     import importlib

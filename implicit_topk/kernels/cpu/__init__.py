@@ -6,7 +6,9 @@
   first use;
 * :mod:`~implicit_topk.kernels.cpu.partitioning`: the kernel calls custom-partitioned
   under ``jit`` (a split reduced axis runs the threshold iteration with ``psum``);
-* the default solver's kernels, :mod:`~implicit_topk.kernels.cpu.native_threshold`,
+* the default solver's kernels, :mod:`~implicit_topk.kernels.cpu.native_mask` (the
+  mask kernel's entry) over :mod:`~implicit_topk.kernels.cpu.native_threshold` (one row)
+  and :mod:`~implicit_topk.kernels.cpu.native_lanes` (short rows across a block),
   :mod:`~implicit_topk.kernels.cpu.native_derivatives` and
   :mod:`~implicit_topk.kernels.cpu.native_magnitude`, called from JAX by
   :mod:`~implicit_topk.kernels.cpu.native_calls`;

@@ -35,7 +35,7 @@ SLOW_COMPILE_SECONDS = 2.0
 
 #: family -> (the solver that calls it, its module, the entry function per dtype).
 FAMILIES = {
-    "capped_simplex": ("native", "native_threshold", "capped_simplex_{}"),
+    "capped_simplex": ("native", "native_mask", "capped_simplex_{}"),
     **{f"capped_simplex_{direction}_{rule}": ("native", "native_derivatives",
                                               f"{direction}_{rule}_{{}}")
        for direction in ("tangent", "cotangent") for rule in ("cubic", "linear", "general")},

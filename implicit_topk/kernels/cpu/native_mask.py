@@ -1,0 +1,112 @@
+"""The mask kernel's entry: every row of a call, short router rows a block at a time in
+lanes (:mod:`~implicit_topk.kernels.cpu.native_lanes`), the others one by one
+(:func:`~implicit_topk.kernels.cpu.native_threshold._solve_row`), with the same results
+to the bit; and the XLA FFI handlers ``capped_simplex_f32`` / ``capped_simplex_f64``
+(:mod:`~implicit_topk.kernels.cpu.registry` builds them). Its own module so that the
+per-row kernel and the lanes, which build on it, import no circle."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import carray, njit
+
+from implicit_topk.kernels.cpu import abi, native_lanes
+from implicit_topk.kernels.cpu.native_threshold import _OPTIONS, _solve_row
+
+
+@njit(**_OPTIONS)
+def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
+  """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
+  the Newton passes into ``passes``, ``|sum(y) - k|`` (of ``y`` as stored) into
+  ``residual`` and the origin of ``lam`` into ``shift`` (the row's largest finite
+  entry where it is far from 0 relative to ``l``, else 0: ``lam + shift`` is the
+  threshold of the row as given). Short router rows go through
+  :mod:`~implicit_topk.kernels.cpu.native_lanes` a block at a time, with the same
+  results. Returns 0 (the status)."""
+  rows, n = x.shape
+  work = np.empty(max(n, 1), np.float64)
+  scratch = np.empty(max(n, 1), np.float64)
+  guess = np.full(3, np.inf)  # the next row's distance to its cut; the gaps' mean, deviation
+  tol = 4.0 * np.finfo(lam.dtype).eps
+  root_eps = math.sqrt(np.finfo(lam.dtype).eps)
+  lanes = native_lanes.takes(kind, a, n)
+  values, state, iterating = native_lanes.workspace(n if lanes else 1)
+  for b0 in range(0, rows, native_lanes.BLOCK):
+    width = min(native_lanes.BLOCK, rows - b0)
+    taken = 0
+    if lanes == 1:
+      taken = native_lanes.block_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
+                                            state, iterating, work)
+    elif lanes == 2:
+      taken = native_lanes.gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
+                                               state, iterating, work)
+    if lanes:
+      native_lanes.write_results(x, k, b0, width, a, state, y, lam, passes, residual, shift)
+    if taken == native_lanes.every_lane(width):
+      continue
+    for b in range(b0, b0 + width):
+      if (taken >> (b - b0)) & 1:
+        continue
+      lb, kb = float(l[b]), float(k[b])
+      value, it, origin, residual[b] = _solve_row(x[b], n, kb, lb, kind, a, tol, root_eps,
+                                                  work, scratch, guess, y[b])
+      lam[b], passes[b], shift[b] = value, it, origin
+  return 0
+
+
+# -- the FFI handlers: (x (..., n), k (...), l (...)) with attributes a (float64) and
+#    kind (int32) -> (y (..., n), lam (...), passes int32 (...), residual (...),
+#    shift (...)), one
+#    float dtype. ----------------------------------------------------------------------
+_BAD_ARGUMENTS = abi.message(
+    "implicit_topk capped_simplex kernel: expected x (..., n), k (...), l (...) of one "
+    "float dtype, scalar attributes a (float64) and kind (int32); results y (..., n), "
+    "lam (...), passes int32 (...), residual (...), shift (...)")
+
+
+@njit(inline="always", **_OPTIONS)
+def _capped_simplex_call(frame, sample):
+  if abi.handler_prologue(frame):
+    return abi.null()
+  code = abi.dtype_code(sample)
+  a_at, kind_at = abi.scalar_attribute(frame, 97, abi.FLOAT64), abi.scalar_attribute(frame, 107, abi.INT32)
+  if abi.count(frame, False) != 3 or abi.count(frame, True) != 5 or a_at == 0 or kind_at == 0:
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  xb, kb, lb = abi.buffer(frame, False, 0), abi.buffer(frame, False, 1), abi.buffer(frame, False, 2)
+  yb, lamb, passb, resb, shiftb = (abi.buffer(frame, True, 0), abi.buffer(frame, True, 1),
+                                   abi.buffer(frame, True, 2), abi.buffer(frame, True, 3),
+                                   abi.buffer(frame, True, 4))
+  rank = abi.buffer_rank(xb)
+  if rank < 1:
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  n = abi.buffer_dim(xb, rank - 1)
+  rows = abi.size(xb) // n if n > 0 else abi.size(kb)
+  ok = (abi.buffer_dtype(xb) == code and abi.has(kb, code, rows) and abi.has(lb, code, rows)
+        and abi.has(yb, code, rows * n)
+        and abi.has(lamb, code, rows) and abi.has(passb, abi.INT32, rows)
+        and abi.has(resb, code, rows) and abi.has(shiftb, code, rows))
+  if not ok:
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  x = carray(abi.typed_pointer(abi.buffer_data(xb), sample), (rows, n))
+  k = carray(abi.typed_pointer(abi.buffer_data(kb), sample), (rows,))
+  l = carray(abi.typed_pointer(abi.buffer_data(lb), sample), (rows,))
+  kind = abi.load32(kind_at)
+  a = carray(abi.typed_pointer(a_at, np.float64(0)), (1,))[0]
+  y = carray(abi.typed_pointer(abi.buffer_data(yb), sample), (rows, n))
+  lam = carray(abi.typed_pointer(abi.buffer_data(lamb), sample), (rows,))
+  passes = carray(abi.typed_pointer(abi.buffer_data(passb), np.int32(0)), (rows,))
+  residual = carray(abi.typed_pointer(abi.buffer_data(resb), sample), (rows,))
+  shift = carray(abi.typed_pointer(abi.buffer_data(shiftb), sample), (rows,))
+  if capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift) != 0:
+    return abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
+  return abi.null()
+
+
+def capped_simplex_f32(frame):
+  return _capped_simplex_call(frame, np.float32(0))
+
+
+def capped_simplex_f64(frame):
+  return _capped_simplex_call(frame, np.float64(0))
