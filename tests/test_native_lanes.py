@@ -56,7 +56,9 @@ def _reference(x, k, l, p):
                    for r in range(x.shape[0])])
 
 
-@pytest.mark.parametrize("n", [3, 8, 16, 17, 64])
+# the default run: the common router width, both ends of the lanes and the gathered rows
+@pytest.mark.parametrize("n", [pytest.param(3, marks=pytest.mark.slow), 8, 16,
+                               pytest.param(17, marks=pytest.mark.slow), 64])
 @pytest.mark.parametrize("p", [4.0 / 3.0, 2.0])
 @pytest.mark.parametrize("dtype,eps", [(np.float32, U32), (np.float64, U64)])
 def test_router_blocks_match_the_reference(n, p, dtype, eps):
