@@ -81,11 +81,16 @@ class CappedSimplex:
     (a difference beyond the float range is clamped to the most negative finite
     value); +-inf and NaN stay as they are.
     """
-    L = self.layout
-    dtype = L.dtype(x)
+    return self.shift(x, jax.lax.stop_gradient(self.origin(x, l)))
+
+  def origin(self, x, l, layout=None):
+    """The per-row origin :meth:`normalize` subtracts: the row's largest finite entry
+    where it exceeds ``l / sqrt(eps)`` in magnitude, else 0 (rows laid out by
+    ``layout``, default the problem's)."""
+    L = self.layout if layout is None else layout
     top = L.max(L.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x))
-    far = jnp.abs(top) * np.sqrt(np.finfo(dtype).eps) > l
-    return self.shift(x, jax.lax.stop_gradient(jnp.where(jnp.isfinite(top) & far, top, 0)))
+    far = jnp.abs(top) * np.sqrt(np.finfo(L.dtype(x)).eps) > l
+    return jnp.where(jnp.isfinite(top) & far, top, jnp.zeros_like(top))
 
   def shift(self, x, origin):
     """``x`` minus the per-row ``origin``: finite entries stay finite (a difference

@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk.problems import layout as _layout
 from implicit_topk.solvers import threshold as _threshold
 
 
@@ -210,12 +209,8 @@ def solve_and_map(solver, x, k, l):
 def normalization_origin(problem, x, l, layout=None):
   """The per-row origin that ``problem.normalize`` subtracts (0 for problems without
   a shift, e.g. the magnitude operator), so that ``problem.shift(x, origin)`` is
-  ``problem.normalize(x, l)``: the row's largest finite entry where its magnitude
-  exceeds ``l / sqrt(eps)``, else 0 (:meth:`CappedSimplex.normalize`; a test checks
-  the two agree bit for bit)."""
+  ``problem.normalize(x, l)`` (:meth:`CappedSimplex.origin`, rows laid out by
+  ``layout``, default the problem's)."""
   if not hasattr(problem, "shift"):
     return jnp.zeros_like(l)
-  layout = _layout.DEFAULT if layout is None else layout
-  top = layout.max(layout.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x))
-  far = jnp.abs(top) * np.sqrt(np.finfo(layout.dtype(x)).eps) > l
-  return jnp.where(jnp.isfinite(top) & far, top, jnp.zeros_like(top))
+  return problem.origin(x, l, layout)
