@@ -329,7 +329,8 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
     bracket and at least halve |F|; otherwise the bracket is bisected.  Stops
     when the bracket or a Newton step is below 4 eps |v| (v's own precision),
     or below 4 eps * scale (the block's scale) while |F| is at rounding level,
-    |F| <= 16 eps (|G| + |W v| + |B|).  The first rule alone never ends at a
+    |F| <= 16 eps (|G| + |W v| + |B|), and then returns the iterate whose |F| is
+    at rounding level, not the bracket's midpoint.  The first rule alone never ends at a
     root v = 0 under rounding noise; the second alone stops a root far below
     the block's scale (a threshold of 1e-4 between entries 0 and -2.5) at an
     absolute error of eps * scale, many ulps of v (found by hypothesis).
@@ -358,7 +359,12 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
             hi = v
         at_rounding = abs(F) <= 16.0 * _EPS * size
         width = hi - lo
-        if width <= 4.0 * _EPS * max(abs(lo), abs(hi)) or (width <= tol and at_rounding):
+        if width <= tol and at_rounding:
+            # v is a root to rounding; the bracket's midpoint may be many ulps of v
+            # off when the root is far below the block's scale (a Laplace threshold
+            # of 5.5e-8 between entries 0 and -1 at l = 1e-8: 3e-18 off, 6e-13 in y)
+            return v
+        if width <= 4.0 * _EPS * max(abs(lo), abs(hi)):
             return 0.5 * (lo + hi)
         D = dG + slope * W
         vn = 0.5 * (lo + hi)
