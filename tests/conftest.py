@@ -8,6 +8,9 @@ fresh random examples on each run, to hunt for new failures.
 
 import gc
 import os
+import subprocess
+import sys
+import time
 
 import jax
 import pytest
@@ -103,3 +106,52 @@ def pytest_collection_modifyitems(config, items):
     if (item.nodeid.startswith("tests/test_api_") and isinstance(name, str)
         and name not in _API_REPRESENTATIVES):
       item.add_marker(pytest.mark.slow)
+
+
+# numba compiles each CPU kernel on its first use (cache=True: machine code on disk, beside
+# the source). With a cold cache (CI, a fresh clone) the test workers would each compile
+# the kernels their first tests call, the same ones at the same time: the controller
+# builds them first, once, in parallel processes (the default run: the default solver's
+# kernels; `-m slow`: every kernel), so that the workers load them from disk.
+# IMPLICIT_TOPK_TEST_WARM_KERNELS=off skips it.
+_DEFAULT_RUN_FAMILIES = ("capped_simplex", "magnitude")
+
+
+def _kernels_to_warm(config):
+  from implicit_topk.kernels.cpu import registry
+  if not registry.available():
+    return ()
+  selection = config.getoption("markexpr", "") or ""
+  every = "slow" in selection and "not slow" not in selection
+  names = registry.all_targets()
+  if not every:
+    names = tuple(n for n in names if n.startswith(
+        tuple(registry.PREFIX + f for f in _DEFAULT_RUN_FAMILIES)))
+  return names
+
+
+def pytest_sessionstart(session):
+  config = session.config
+  if hasattr(config, "workerinput") or os.environ.get("IMPLICIT_TOPK_TEST_WARM_KERNELS") == "off":
+    return
+  if config.getoption("collectonly", False):
+    return
+  names = _kernels_to_warm(config)
+  if not names:
+    return
+  processes = max(1, min(os.cpu_count() or 1, len(names)))
+  # the mask kernels cost most (20-30 s each on a cold cache): spread them first
+  ordered = sorted(names, key=lambda n: ("tangent" in n, n))
+  groups = [ordered[i::processes] for i in range(processes)]
+  script = ("import sys\nfrom implicit_topk.kernels.cpu import registry\n"
+            "registry.register(sys.argv[1:])\n")
+  start = time.perf_counter()
+  running = [subprocess.Popen([sys.executable, "-c", script, *group], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for group in groups if group]
+  failures = [p.communicate()[1][-2000:] for p in running if p.wait() != 0]
+  if failures:  # the tests that need the kernels will report it
+    sys.stderr.write("conftest: building the CPU kernels failed:\n" + failures[0] + "\n")
+  elapsed = time.perf_counter() - start
+  if elapsed > 5.0:
+    sys.stderr.write(f"conftest: {len(names)} CPU kernels built in {elapsed:.0f} s "
+                     f"({processes} processes)\n")

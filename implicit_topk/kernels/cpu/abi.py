@@ -3,8 +3,10 @@ r"""The C side of the bridge to XLA: the typed FFI handler protocol, written in 
 A kernel is a numba ``@cfunc`` with the signature :data:`HANDLER_SIGNATURE`
 (``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, ``jax.ffi.include_dir()/xla/ffi/api/
 c_api.h``); the helpers here read its call frame (buffers, dimensions, scalar
-attributes) and answer the protocol (:func:`handler_prologue`, :func:`error`), all
-inlined into the kernel. The JAX side (registration, the primitives, export) is
+attributes) and answer the protocol (:func:`handler_prologue`, :func:`error`). They
+are plain ``@njit`` functions, called a few times per kernel call (numba's IR
+inlining, ``inline="always"``, copied their IR at every call site: about 2 s more
+compilation per handler on a cold cache, for no speed). The JAX side (registration, the primitives, export) is
 :mod:`implicit_topk.kernels.cpu.ffi`, which imports nothing of numba.
 
 The handler protocol: the metadata query made when XLA registers the handler is
@@ -148,7 +150,7 @@ def _dtype_code(sample):
   return lambda sample: code
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def error(frame, text, code):
   """An ``XLA_FFI_Error*`` carrying ``text`` (a :func:`message`), made by XLA's own
   ``XLA_FFI_Error_Create``; the handler returns it and XLA raises it in Python."""
@@ -172,7 +174,7 @@ def store64(typingctx, addr, value):
   return types.void(types.int64, types.int64), codegen
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def handler_prologue(frame):
   """True when the call is the metadata query or a stage other than ``execute``
   (the handler then returns NULL at once); answers the metadata query."""
@@ -187,14 +189,14 @@ def handler_prologue(frame):
   return load32(base + _FRAME_STAGE) != STAGE_EXECUTE
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def count(frame, results):
   """The number of arguments (or results)."""
   which = _FRAME_RETS if results else _FRAME_ARGS
   return load64(address(frame) + which + _LIST_SIZE)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def buffer(frame, results, index):
   """The address of argument (or result) ``index``'s ``XLA_FFI_Buffer``."""
   which = _FRAME_RETS if results else _FRAME_ARGS
@@ -202,27 +204,27 @@ def buffer(frame, results, index):
   return load64(pointers + 8 * index)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def buffer_dtype(buf):
   return load32(buf + _BUFFER_DTYPE)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def buffer_rank(buf):
   return load64(buf + _BUFFER_RANK)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def buffer_dim(buf, axis):
   return load64(load64(buf + _BUFFER_DIMS) + 8 * axis)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def buffer_data(buf):
   return load64(buf + _BUFFER_DATA)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def size(buf):
   """The number of entries of a buffer (the product of its dimensions)."""
   total = 1
@@ -231,13 +233,13 @@ def size(buf):
   return total
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def has(buf, code, length):
   """Whether the buffer holds ``length`` entries of dtype ``code`` (any shape)."""
   return buffer_dtype(buf) == code and size(buf) == length
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def scalar_attribute(frame, initial, code):
   """The address of the value of the scalar attribute whose name starts with the
   byte ``initial`` and whose dtype is ``code``, or 0 when there is none."""
@@ -252,6 +254,6 @@ def scalar_attribute(frame, initial, code):
   return 0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def null():
   return _null()
