@@ -92,6 +92,9 @@ def _kernel(x, k, l, a, per_row):
   return y, lam, passes
 
 
+# One worker runs them all: each compiles the kernel's entry for calls from Python (about
+# 50 s on a cold numba cache), which two workers did at the same time.
+@pytest.mark.xdist_group("native_lanes_bits")
 @pytest.mark.parametrize("n", [8, 64])
 @pytest.mark.parametrize("a", [3.0, 1.0])
 def test_lanes_give_the_per_row_kernel_results_to_the_bit(a, n):
