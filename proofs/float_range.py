@@ -9,7 +9,10 @@ Checks:
      is binary exactly is either decided so or still binary, with the same top set, in
      the shifted coordinates;
   3. the ordered bisection on integer keys (numpy, independent of the library) finds the
-     k-th largest finite entry within b halvings, against np.sort.
+     k-th largest finite entry within b halvings, against np.sort;
+  4. the CPU kernel's exponent (implicit_topk.kernels.cpu.native_threshold, numba) equals
+     the library's on rows at both ends, ordinary rows and rows with +-inf and NaN
+     entries, and is 0 on every row its cheap test passes (4 x_i finite, l >= 2^-969).
 """
 
 import os
@@ -158,6 +161,42 @@ def check_bisection(rng):
         print(f"3. {np.dtype(dtype).name}: the k-th largest in at most {worst} <= {bits} halvings")
 
 
+def check_kernel_exponent(itk, rng):
+    import jax.numpy as jnp
+    from implicit_topk.problems import layout
+    from implicit_topk.solvers import float_range as F
+    try:
+        from implicit_topk.kernels.cpu import native_threshold as K
+    except ImportError:  # no numba
+        print("4. skipped (no numba)")
+        return
+    info = np.finfo(np.float64)
+    limit = 2.0 ** 1022
+    assert np.isfinite(4 * np.nextafter(limit, 0)) and not np.isfinite(4 * limit)
+    rows, strengths = [], []
+    for scale in (float(info.max), float(info.tiny), 1.0, limit):
+        for _ in range(60):
+            n = int(rng.integers(1, 9))
+            with np.errstate(over="ignore"):  # beyond the float maximum: +-inf entries
+                x = rng.choice([-1.0, 1.0], n) * scale * rng.uniform(0.2, 4.0, n)
+                l = scale * 10.0 ** rng.uniform(-20, 1)
+            x[rng.uniform(size=n) < 0.1] = rng.choice([np.inf, -np.inf, np.nan])
+            rows.append(np.clip(x, -info.max, info.max) if rng.uniform() < 0.5 else x)
+            strengths.append(float(np.clip(l, info.tiny, 0.25 / info.tiny)))
+    flagged = 0
+    for x, l in zip(rows, strengths):
+        want = int(np.asarray(F.scale_exponent(layout.DEFAULT, jnp.asarray(x[None]),
+                                               jnp.asarray([l])))[0])
+        got, finite = K.scale_exponent(x, x.size, l)
+        assert got == want and finite == bool(np.all(np.isfinite(x))), (x, l, got, want)
+        with np.errstate(over="ignore", invalid="ignore"):
+            cheap = bool(np.all(np.isfinite(4 * x))) and l >= 2.0 ** -969
+        assert not cheap or got == 0, (x, l, got)
+        flagged += not cheap
+    print(f"4. float64: the kernel's exponent is the library's on {len(rows)} rows, 0 on "
+          f"the {len(rows) - flagged} its one-pass test lets through")
+
+
 def main():
     rng = np.random.default_rng(33)
     check_bisection(rng)
@@ -165,6 +204,7 @@ def main():
     if itk is not None:
         check_rescaling(itk, rng)
         check_binary(itk, rng)
+        check_kernel_exponent(itk, rng)
     print("float_range: OK")
 
 

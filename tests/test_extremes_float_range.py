@@ -166,19 +166,18 @@ def check_rows(solver, x, k, l, p, *, grads=True):
 
 
 FAMILIES = ("max_spread", "max_cluster", "min_normal", "min_cluster", "mixed")
-# The default run: the pure-JAX solver (the TPU default) and the fused GPU kernel
-# (interpret mode) on the hidden binary rows, the pure-JAX solver near the float minimum;
-# the rest is slow.
+# The default run: the pure-JAX solver (the TPU default), the CPU kernel (the CPU
+# default) and the fused GPU kernel (interpret mode) on the hidden binary rows, the
+# pure-JAX solver and the CPU kernel near the float minimum; the rest is slow.
+# The CPU kernel (solver="native") applies the exact rescaling of solvers/float_range
+# inside the kernel, to the float64 rows that need it (an entry of magnitude 2^1022 or
+# more: its shift by the row maximum overflowed to NaN; a strength below 2^-969: XLA's
+# threads flush subnormals, and its sums were off k), found in passes the kernel makes
+# anyway (issue 33 item 4; the same rescaling in XLA before the kernel cost 25-35 us a
+# call on one row of 1000 and 26% at 16384 x 256).
 _DEFAULT = {("threshold", np.float64, "max_cluster"), ("threshold", np.float64, "min_normal"),
+            ("native", np.float64, "max_cluster"), ("native", np.float64, "min_normal"),
             ("pallas", np.float64, "max_cluster")}
-# The CPU kernel (solver="native", the CPU default) fails three families in float64: rows
-# near the float maximum where its shift overflows, rows near the float minimum whose strength
-# is within 30 smallest normals (XLA's threads flush its subnormals: sums off k). The
-# exact rescaling of solvers/float_range fixes them when applied before the kernel, but
-# in XLA it costs 25-35 us a call on one row of 1000 and 26% at 16384 x 256: it belongs
-# inside the kernel (issue 33 item 4, open).
-_NATIVE_FAILING = ("max_cluster", "min_normal", "min_cluster")
-_NATIVE_FAILS = "native kernel: float64 rows at the ends of the float range (issue 33 item 4)"
 
 
 def _cases():
@@ -188,8 +187,6 @@ def _cases():
         marks = []
         if not ({(solver, dtype), (solver, dtype, family)} & _DEFAULT):
           marks.append(pytest.mark.slow)
-        if solver == "native" and dtype == np.float64 and family in _NATIVE_FAILING:
-          marks.append(pytest.mark.xfail(reason=_NATIVE_FAILS, strict=True))
         yield pytest.param(family, dtype, solver, marks=marks,
                            id=f"{family}-{np.dtype(dtype).name}-{solver}")
 
@@ -204,7 +201,7 @@ def test_rows_at_the_ends_of_the_float_range(family, dtype, solver):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solver", ["threshold", "pav", "pallas"])
+@pytest.mark.parametrize("solver", SOLVERS)
 @pytest.mark.parametrize("p", P_VALUES)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("seed", range(3))
@@ -217,9 +214,7 @@ def test_sweep(solver, p, dtype, seed):
     check_rows(solver, x, k, l, p, grads=family == "max_cluster")
 
 
-@pytest.mark.parametrize("solver_class", [
-    pytest.param(itk.NativeSolver, marks=pytest.mark.xfail(reason=_NATIVE_FAILS, strict=True)),
-    itk.ThresholdSolver])
+@pytest.mark.parametrize("solver_class", [itk.NativeSolver, itk.ThresholdSolver])
 def test_solver_objects_apply_takes_the_same_care(solver_class):
   """``Solver.apply`` (the jaxopt-style object API) goes through the operator's own path:
   the repro rows of issue 33 item 4 near both ends of the float64 range, against the
@@ -232,3 +227,60 @@ def test_solver_objects_apply_takes_the_same_care(solver_class):
   tol = R.mask_tolerance(x, k, l, 4.0 / 3.0, eps=float(np.finfo(np.float64).eps) / 2,
                          unshifted_rows=True)
   assert np.all(np.abs(y - expected) <= tol), (y, expected)
+
+
+def _well_resolved_rows(family, x, y):
+  """The rows of ``family`` whose mask is well determined in float64 and fractional
+  somewhere: ``max_cluster`` rows without a far maximum (their shift by the row
+  maximum is exact, and the threshold relative to it resolves ``l`` finely; with a far
+  maximum it resolves ``l`` only to a few of the maximum's ulps), every ``min_normal``
+  row; an entry of the mask in ``(1e-6, 1 - 1e-6)``."""
+  keep = np.any((y > 1e-6) & (y < 1 - 1e-6), axis=-1)
+  if family == "max_cluster":
+    with np.errstate(over="ignore"):  # a far maximum of the other sign: inf, not kept
+      spread = np.ptp(x, axis=-1)
+    keep &= spread <= 16 * np.spacing(np.max(np.abs(x), axis=-1))
+  return np.flatnonzero(keep)
+
+
+@pytest.mark.parametrize("p", [4.0 / 3.0, pytest.param(2.0, marks=pytest.mark.slow),
+                               pytest.param(1.5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["max_cluster", "min_normal"])
+def test_native_gradients_at_the_ends_of_the_float_range(family, p):
+  """The derivative kernels on the float64 rows the mask kernel solves rescaled (the
+  tangent kernel in forward mode, the cotangent kernel in reverse): ``jax.grad`` w.r.t.
+  ``x`` equals the ``threshold`` solver's (an independent path: the rescaling in XLA,
+  autodiff through the implicit function theorem) on rows with fractional entries, and
+  the gradient w.r.t. ``l`` satisfies the mask's invariance under scale and shift,
+  ``l dy/dl = -sum_i (x_i - x_max) dy/dx_i`` (so ``l`` and ``x`` are scaled alike)."""
+  rng = np.random.default_rng([FAMILIES.index(family), 33])
+  x, k, l = _rows(rng, family, np.float64, 120, 6)
+  y = np.asarray(jax.jit(_solve("native", x, k, l, p))(jnp.asarray(x)))
+  rows = _well_resolved_rows(family, x, y)
+  assert rows.size >= 10
+  x, k, l = x[rows], k[rows], l[rows]
+  # weights that keep every gradient finite (|dy/dx| is up to 3 / l ~ 1e308 near the
+  # float minimum)
+  w = jnp.asarray(1e-3 * rng.normal(size=x.shape))
+
+  def grads(solver, mode):
+    def loss(v, s):
+      out = itk.soft_topk_mask(v, jnp.asarray(k), regularization_strength=s, p=p,
+                               solver=solver)
+      return jnp.sum(w * out)
+    if mode == "reverse":
+      return jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(x), jnp.asarray(l))
+    return jax.jit(jax.jacfwd(loss, argnums=(0, 1)))(jnp.asarray(x), jnp.asarray(l))
+
+  want = np.asarray(grads("threshold", "reverse")[0])
+  for mode in ("reverse", "forward"):
+    g_x, g_l = (np.asarray(g) for g in grads("native", mode))
+    np.testing.assert_allclose(g_x, want, rtol=1e-9,
+                               atol=1e-9 * float(np.max(np.abs(want))), err_msg=mode)
+    # scale and shift invariance: sum_i (x_i - x_max) g_i + l g_l = 0 (x_i - x_max exact
+    # in these rows: a cluster of a few ulps, or entries of a few smallest normals)
+    # (the terms are up to |w| ~ 1e-3: rounding of 1e-12 of them when they cancel)
+    moved = (x - np.max(x, axis=-1, keepdims=True)) * g_x
+    scale = np.sum(np.abs(moved), axis=-1) + np.max(np.abs(w))
+    np.testing.assert_array_less(np.abs(np.sum(moved, axis=-1) + l * g_l), 1e-9 * scale,
+                                 err_msg=mode)

@@ -477,3 +477,85 @@ def test_gradients_inside_shard_map_are_per_shard():
   done = subprocess.run([sys.executable, "-c", _SHARD_MAP_GRAD], capture_output=True, text=True,
                         timeout=300)
   assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+# Issue 33 item 4: float64 rows at both ends of the float range (the repro rows), and an
+# ordinary row.
+_FAR_ROWS = np.array([[6.24e307, -5.71e307, 1.577e308, 1.17e308, -3.76e307, 1.688e308],
+                      [-5.76e-307, 8.52e-307, -1.40e-306, 5.94e-307, -7.02e-307, -1.29e-306],
+                      [0.3, -1.2, 2.0, 0.7, 1.1, -0.4]])
+_FAR_K, _FAR_L = np.array([4.3516, 2.444, 2.5]), np.array([1.689e296, 4.17e-308, 0.7])
+
+
+def test_rows_at_the_ends_of_the_float_range_keep_the_kernel_coordinates():
+  # The kernel solves them on the exact rescaling x 2^-E, l 2^-E (E = 0 for the ordinary
+  # row), its lam and shift in those coordinates: run() returns the threshold of the rows
+  # as given, and the per-device form of the reduced-axis-sharded path returns the
+  # kernel's coordinates.
+  from implicit_topk.kernels.cpu import partitioning
+  from implicit_topk.solvers import float_range
+  x, k, l = (jnp.asarray(v) for v in (_FAR_ROWS, _FAR_K, _FAR_L))
+  e = np.asarray(float_range.scale_exponent(problems.layout.DEFAULT, x, l))
+  assert e.tolist() == [2, -53, 0]
+  lam = np.asarray(itk.NativeSolver(regularizer=itk.PNorm(4.0 / 3.0)).run(None, x, k, l).params)
+  _, infos = R.soft_topk_mask(_FAR_ROWS, _FAR_K, _FAR_L, 4.0 / 3.0, with_info=True)
+  want = np.array([info["lam"] for info in infos])
+  scale = np.maximum(np.max(np.abs(_FAR_ROWS), axis=1), np.abs(want))  # no overflow
+  assert np.all(np.abs(lam - want) <= 128 * U64 * scale), (lam, want, 128 * U64 * scale)
+
+  attributes = native_calls.kernel_attributes(itk.PNorm(4.0 / 3.0))
+  _, lam_k, _, _, shift_k = native_calls.capped_simplex_kernel(x, k, l, attributes)
+  mesh = jax.make_mesh((1,), ("d",))
+  spec = jax.sharding.PartitionSpec()
+  form = jax.jit(jax.shard_map(
+      lambda *a: partitioning._capped_simplex("d", attributes, *a), mesh=mesh,
+      in_specs=(spec,) * 3, out_specs=spec, check_vma=False))
+  _, lam_s, _, _, shift_s = form(x, k, l)
+  threshold_k, threshold_s = np.asarray(lam_k + shift_k), np.asarray(lam_s + shift_s)
+  np.testing.assert_allclose(threshold_s, threshold_k, rtol=1e-9)
+  np.testing.assert_allclose(threshold_k * 2.0 ** e, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0, 1.5])
+def test_derivative_kernels_at_the_ends_of_the_float_range_match_their_jax_form(p):
+  # The derivative kernels find the kernel's E again and work in its coordinates, as
+  # solvers/mask_tangent.py (what higher orders differentiate) does: both modes, every
+  # entry rule, tangents on the rows' own scale (derivatives up to 3 / l ~ 7e307).
+  attributes = native_calls.kernel_attributes(itk.PNorm(p))
+  operator = native._mask_operator(attributes)
+  x, k, l = (jnp.asarray(v) for v in (_FAR_ROWS, _FAR_K, _FAR_L))
+  _, lam, _, _, shift = operator(x, k, l)
+  rng = np.random.default_rng(3)
+  tangents = (jnp.asarray(rng.normal(size=x.shape) * _FAR_L[:, None]),
+              jnp.asarray(rng.normal(size=3)), jnp.asarray(rng.normal(size=3) * _FAR_L))
+  kernel = jax.jvp(lambda *a: operator(*a)[:2], (x, k, l), tangents)[1]
+  cotangent = jnp.asarray(1e-3 * rng.normal(size=x.shape))
+  kernel_bar = jax.vjp(lambda *a: operator(*a)[0], x, k, l)[1](cotangent)
+  linear = lambda *t: mask_tangent.tangent(int(attributes["kind"]), float(attributes["a"]),
+                                           x, lam, shift, l, *t)
+  form = linear(*tangents)
+  form_bar = jax.vjp(lambda *t: linear(*t)[0], *tangents)[1](cotangent)
+  for got, want in zip((*kernel, *kernel_bar), (*form, *form_bar)):
+    got, want = np.asarray(got), np.asarray(want)
+    assert np.all(np.isfinite(got)) and np.array_equal(np.isfinite(got), np.isfinite(want))
+    for r in range(3):  # row by row: the rows' scales are 1e600 apart
+      np.testing.assert_allclose(got[r], want[r], rtol=1e-10,
+                                 atol=1e-10 * float(np.max(np.abs(want[r]))))
+  assert float(jnp.max(jnp.abs(kernel[0][1]))) > 1e-2  # the subnormal-scale row moves
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200])
+@pytest.mark.parametrize("p", [2.0, 4.0 / 3.0, 1.5])
+def test_strength_gradient_at_extreme_scales(p, scale):
+  # The mask is invariant under (x, l) -> (c x, c l), so l dy/dl is too. The p = 2
+  # cotangent kernel summed d z g = (x - lam) (1 / l)^2 g, and its reassociated loop
+  # formed (1 / l)^2: 0 at l = 1e200, NaN at l = 1e-200.
+  rng = np.random.default_rng(4)
+  x, w = rng.normal(size=(3, 6)), jnp.asarray(rng.normal(size=(3, 6)))
+
+  def scaled_gradient(c):
+    g = jax.grad(lambda s: jnp.sum(w * native_mask(jnp.asarray(x * c), 2.5, s, p=p)))(0.7 * c)
+    return float(g) * 0.7 * c
+
+  np.testing.assert_allclose(scaled_gradient(scale), scaled_gradient(1.0), rtol=1e-9)
+  assert abs(scaled_gradient(1.0)) > 1e-3

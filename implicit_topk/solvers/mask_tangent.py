@@ -17,6 +17,12 @@ tests compare the kernels with. Where
 :math:`\sum_i d_i = 0` (a binary mask) :math:`\lambda` is locally constant in ``x``
 and ``l`` and the derivative w.r.t. ``k`` is 0, the convention of every solver here;
 a row without a threshold (NaN) has NaN derivatives.
+
+Float64 rows at the ends of the float range are solved by the kernel on the exact
+rescaling :math:`x 2^{-E}`, :math:`l 2^{-E}`
+(:func:`implicit_topk.solvers.float_range.scale_exponent`), and their ``lam`` and
+``shift`` are those of the scaled row: :func:`tangent` works in the same coordinates
+(:func:`row_scale`; ``E = 0`` for every other row and every float32 row).
 """
 
 from __future__ import annotations
@@ -66,8 +72,28 @@ def slopes(kind: int, a: float, x, lam, shift, l):
   return d, jnp.where(live, d * z, 0)
 
 
+def row_scale(x, l, layout=None):
+  """``f = 2^-E`` per row (``x`` (..., n), ``l`` (...)): the exact rescaling the native
+  kernel solves a float64 row in (:func:`implicit_topk.solvers.float_range.scale_exponent`
+  on the rows laid out by ``layout``, default the last axis; a constant for
+  derivatives); ``None`` for other dtypes (never scaled)."""
+  if x.dtype != jnp.float64:
+    return None
+  from implicit_topk.problems.layout import LastAxis
+  from implicit_topk.solvers import float_range
+  x, l = jax.lax.stop_gradient((x, l))
+  e = float_range.scale_exponent(layout or LastAxis(), x, l)
+  return float_range.unscale(jnp.ones_like(l), -e)
+
+
 def tangent(kind: int, a: float, x, lam, shift, l, x_dot, k_dot, l_dot):
-  """``(y_dot, lam_dot)`` from the tangents of ``x`` (..., n), ``k`` and ``l`` (...)."""
+  """``(y_dot, lam_dot)`` from the tangents of ``x`` (..., n), ``k`` and ``l`` (...), at
+  the kernel's ``lam`` and ``shift`` (in the coordinates of :func:`row_scale`: ``x``,
+  ``l`` and their tangents are scaled by ``f``, ``k``'s and ``lam``'s are not)."""
+  f = row_scale(x, l)
+  if f is not None:
+    x, x_dot = x * f[..., None], x_dot * f[..., None]
+    l, l_dot = l * f, l_dot * f
   d, dz = slopes(kind, a, x, lam, shift, l)
   total = d.sum(-1)
   moved = (d * x_dot).sum(-1) - (dz.sum(-1) * l_dot) - k_dot

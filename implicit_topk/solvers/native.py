@@ -23,7 +23,7 @@ import numpy as np
 from implicit_topk.kernels.cpu import ffi, registry
 from implicit_topk.kernels.cpu.native_calls import (capped_simplex_kernel, derivative_rule,
                                                     kernel_attributes)
-from implicit_topk.solvers import mask_tangent
+from implicit_topk.solvers import float_range, mask_tangent
 from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -116,7 +116,13 @@ class NativeSolver(ThresholdRootSolver):
       return native_threshold(x, k, l)
     _, lam, passes, _, shift = capped_simplex_kernel(
         x, k, l, kernel_attributes(self.problem.regularizer))
-    return lam + shift, passes
+    threshold = lam + shift
+    if np.dtype(x.dtype) == np.float64:
+      # Rows at the ends of the float range were solved scaled by 2^-E: back to x's
+      # coordinates (E = 0, a no-op, for every other row).
+      threshold = float_range.unscale(
+          threshold, float_range.scale_exponent(self.layout, x, l))
+    return threshold, passes
 
   def solve_and_map(self, x, k, l):
     """The mask and the thresholds from one kernel call, which also normalizes the rows

@@ -24,6 +24,17 @@ every solver here. A row without a threshold (NaN) has NaN derivatives. The slop
 ``sigmoid(|z|) sigmoid(-|z|)``, not ``s (1 - s)``), so near-binary rows keep
 representable derivatives (``proofs/complement_form.md``).
 
+Float64 rows at the ends of the float range were solved by the mask kernel on the exact
+rescaling ``x 2^-E``, ``l 2^-E`` (:func:`~implicit_topk.kernels.cpu.native_threshold.scale_exponent`),
+and their ``lam`` and ``shift`` are those of the scaled row. ``E = 0`` for every row
+whose entries are below :math:`2^{1022}` in magnitude with :math:`l \ge 2^{-969}`, which
+the first loop checks as it goes (float64 only: ``4 x_i`` overflows from
+:math:`2^{1022}` up; 5-10% of the derivative kernels' time on rows of 8 to 256 entries);
+the other rows find the same ``E`` from ``x`` and ``l`` and are done again, one at a
+time, in the scaled coordinates (entries, strength and their tangents
+times :math:`f = 2^{-E}`, the cotangents of ``x`` and ``l`` times ``f`` on the way out,
+``k``'s and ``lam``'s unscaled). Float32 rows are never scaled.
+
 numba's disk cache is keyed on this file alone, not on the functions it inlines from
 :mod:`~implicit_topk.kernels.cpu.native_threshold`: a change to ``_mask_terms`` there
 needs a change here too (a stale cache would keep the old slopes). Both passes
@@ -40,7 +51,10 @@ import numpy as np
 from numba import carray, literally, njit
 
 from implicit_topk.kernels.cpu import abi
-from implicit_topk.kernels.cpu.native_threshold import PNORM, _LOWEST, _OPTIONS, _mask_terms, _scaled_div
+from implicit_topk.kernels.cpu.native_threshold import (PNORM, _LOWEST, _OPTIONS,
+                                                        _STRENGTH_FLOOR, _mask_terms,
+                                                        _scaled_div, float64_entries,
+                                                        power_of_two, scale_exponent)
 
 
 @njit(inline="always", **_OPTIONS)
@@ -110,15 +124,23 @@ _VECTOR_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath
 @njit(**_VECTOR_OPTIONS)
 def _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot, rule):
   """Forward mode with the entry rule ``rule`` (a compile-time literal): ``y_dot``,
-  ``lam_dot`` from the tangents of ``x``, ``k``, ``l``."""
+  ``lam_dot`` from the tangents of ``x``, ``k``, ``l``. Float64 rows with an entry not
+  below ``2^1022`` in magnitude (or not finite), or a strength below ``2^-969``, found
+  by the first loop as it goes, are done again after the loop by :func:`_tangent_row`
+  where their ``E != 0``."""
   literally(rule)
+  wide = float64_entries(x)
   rows, n = x.shape
+  flagged, count = np.empty(rows if wide else 0, np.int64), 0
   for b in range(rows):
     root, lb, origin, l_tangent = float(lam[b]), float(l[b]), float(shift[b]), float(l_dot[b])
     row, x_tangent, out = x[b], x_dot[b], y_dot[b]
     inv = 1.0 / lb
-    total, moved = 0.0, 0.0
+    total, moved, overflow = 0.0, 0.0, 0.0
     for i in range(n):
+      if wide:  # 4 v is exact, and overflows (NaN here) from |v| = 2^1022 up
+        t = 4.0 * row[i]
+        overflow += t - t
       live, d, z = _rule_slope(rule, row[i], root, lb, inv, origin, kind, a)
       total += d if live else 0.0
       moved += d * (x_tangent[i] - z * l_tangent) if live else 0.0
@@ -130,21 +152,36 @@ def _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_do
     for i in range(n):
       live, d, z = _rule_slope(rule, row[i], root, lb, inv, origin, kind, a)
       out[i] = d * (x_tangent[i] - rate - z * l_tangent) if live else zero
+    if wide:
+      flagged[count] = b
+      count += not (overflow == 0.0 and lb >= _STRENGTH_FLOOR)
+  # after the loop, not in it (a call there cost the other rows 10-20%)
+  for j in range(count):
+    factor = _row_factor(x, flagged[j], float(l[flagged[j]]))
+    if factor != 1.0:
+      _tangent_row(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot,
+                   flagged[j], factor, rule)
   return 0
 
 
 @njit(**_VECTOR_OPTIONS)
 def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar, rule):
   """Reverse mode with the entry rule ``rule`` (a compile-time literal): ``x_bar``,
-  ``k_bar``, ``l_bar`` from the cotangents of ``y``, ``lam``."""
+  ``k_bar``, ``l_bar`` from the cotangents of ``y``, ``lam``. Float64 rows at the ends
+  of the float range as in :func:`_tangent_loops` (:func:`_cotangent_row`)."""
   literally(rule)
+  wide = float64_entries(x)
   rows, n = x.shape
+  flagged, count = np.empty(rows if wide else 0, np.int64), 0
   for b in range(rows):
     root, lb, origin = float(lam[b]), float(l[b]), float(shift[b])
     row, cotangent, out = x[b], y_bar[b], x_bar[b]
     inv = 1.0 / lb
-    total, weighted = 0.0, 0.0
+    total, weighted, overflow = 0.0, 0.0, 0.0
     for i in range(n):
+      if wide:
+        t = 4.0 * row[i]
+        overflow += t - t
       live, d, z = _rule_slope(rule, row[i], root, lb, inv, origin, kind, a)
       total += d if live else 0.0
       weighted += d * cotangent[i] if live else 0.0
@@ -156,10 +193,91 @@ def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_
       live, d, z = _rule_slope(rule, row[i], root, lb, inv, origin, kind, a)
       g = cotangent[i] + c
       out[i] = d * g if live else zero
-      strength -= d * z * g if live else 0.0
+      strength -= _strength_term(rule, d, z) * g if live else 0.0
     k_bar[b] = -c
-    l_bar[b] = strength if c == c else np.nan
+    l_bar[b] = _strength_sum(rule, strength, inv) if c == c else np.nan
+    if wide:
+      flagged[count] = b
+      count += not (overflow == 0.0 and lb >= _STRENGTH_FLOOR)
+  for j in range(count):
+    factor = _row_factor(x, flagged[j], float(l[flagged[j]]))
+    if factor != 1.0:
+      _cotangent_row(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar,
+                     flagged[j], factor, rule)
   return 0
+
+
+# p = 2: d is 1 / l itself, so d z g = (x - lam) (1 / l)^2 g, and a reassociated loop
+# gathers the two loop-invariant factors into (1 / l)^2 (0 or inf for l beyond
+# 2^(+-512)): the sum is of z g, divided by l once after the loop.
+@njit(inline="always", **_VECTOR_OPTIONS)
+def _strength_term(rule, d, z):
+  return z if rule == LINEAR else d * z
+
+
+@njit(inline="always", **_VECTOR_OPTIONS)
+def _strength_sum(rule, strength, inv):
+  return strength * inv if rule == LINEAR else strength
+
+
+@njit(**_OPTIONS)
+def _row_factor(x, b, lb):
+  """``f = 2^-E`` of the float64 row ``x[b]`` and strength ``lb``
+  (:func:`~implicit_topk.kernels.cpu.native_threshold.scale_exponent`; 1 where ``E =
+  0``)."""
+  return power_of_two(-scale_exponent(x[b], x.shape[1], lb)[0])
+
+
+# One row again (overwriting what the loops wrote), in the coordinates scaled by
+# ``factor`` = 2^-E: entries, strength and their tangents times the factor, the
+# cotangents of x and l times it on the way out, k's and lam's not.
+@njit(**_VECTOR_OPTIONS)
+def _tangent_row(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot, b, factor,
+                 rule):
+  literally(rule)
+  n = x.shape[1]
+  root, origin = float(lam[b]), float(shift[b])
+  lb, l_tangent = float(l[b]) * factor, float(l_dot[b]) * factor
+  inv = 1.0 / lb
+  total, moved = 0.0, 0.0
+  for i in range(n):
+    live, d, z = _rule_slope(rule, x[b, i] * factor, root, lb, inv, origin, kind, a)
+    total += d if live else 0.0
+    moved += d * (x_dot[b, i] * factor - z * l_tangent) if live else 0.0
+  rate = (moved - k_dot[b]) / total if total > 0.0 else 0.0
+  if root != root:
+    rate = np.nan
+  lam_dot[b] = rate
+  zero = rate * 0.0
+  for i in range(n):
+    live, d, z = _rule_slope(rule, x[b, i] * factor, root, lb, inv, origin, kind, a)
+    y_dot[b, i] = d * (x_dot[b, i] * factor - rate - z * l_tangent) if live else zero
+
+
+@njit(**_VECTOR_OPTIONS)
+def _cotangent_row(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar, b, factor,
+                   rule):
+  literally(rule)
+  n = x.shape[1]
+  root, origin = float(lam[b]), float(shift[b])
+  lb = float(l[b]) * factor
+  inv = 1.0 / lb
+  total, weighted = 0.0, 0.0
+  for i in range(n):
+    live, d, z = _rule_slope(rule, x[b, i] * factor, root, lb, inv, origin, kind, a)
+    total += d if live else 0.0
+    weighted += d * y_bar[b, i] if live else 0.0
+  c = (lam_bar[b] - weighted) / total if total > 0.0 else 0.0
+  if root != root:
+    c = np.nan
+  zero, strength = c * 0.0, 0.0
+  for i in range(n):
+    live, d, z = _rule_slope(rule, x[b, i] * factor, root, lb, inv, origin, kind, a)
+    g = y_bar[b, i] + c
+    x_bar[b, i] = d * g * factor if live else zero
+    strength -= _strength_term(rule, d, z) * g if live else 0.0
+  k_bar[b] = -c
+  l_bar[b] = _strength_sum(rule, strength, inv) * factor if c == c else np.nan
 
 
 # -- the FFI handlers. Tangents: (x (..., n), lam, shift, l, x_dot (..., n), k_dot,

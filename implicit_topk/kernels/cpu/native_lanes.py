@@ -25,8 +25,10 @@ across rows and whose lanes do not wait on each other:
 
 So every row gets the per-row kernel's threshold and pass count to the bit. Rows the
 lanes do not take (non-finite entries, rows far from 0 relative to ``l``, ``k``
-outside ``(0, 2]`` or not below ``n - 1``, p other than 4/3 and 2) are left to the
-per-row kernel.
+outside ``(0, 2]`` or not below ``n - 1``, p other than 4/3 and 2, and the float64
+rows at the ends of the float range, which the per-row kernel rescales: an entry of
+magnitude ``2^1022`` or more, a strength below ``2^-969``) are left to the per-row
+kernel.
 
 numba's disk cache is keyed on the file of the handler
 (:mod:`~implicit_topk.kernels.cpu.native_threshold`), not on this one: a change here
@@ -40,9 +42,11 @@ import math
 import numpy as np
 from numba import njit
 
-from implicit_topk.kernels.cpu.native_threshold import (_ONE_PASS_ROW, PNORM, _OPTIONS,
+from implicit_topk.kernels.cpu.native_threshold import (_ENTRY_LIMIT, _ONE_PASS_ROW, PNORM,
+                                                        _OPTIONS, _STRENGTH_FLOOR,
                                                         _count_above, _gather_two_halves,
-                                                        _midpoint, _newton, _safeguarded_step)
+                                                        _midpoint, _newton, _safeguarded_step,
+                                                        float64_entries)
 
 #: Rows per block.
 BLOCK = 64
@@ -86,6 +90,7 @@ def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterat
   are solved in their own coordinates). Returns a bit mask of those rows (bit ``r``
   for row ``b0 + r``)."""
   n = x.shape[1]
+  wide = float64_entries(x)
   for r in range(width):
     row = x[b0 + r]
     for i in range(n):
@@ -96,7 +101,8 @@ def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterat
   for i in range(n):
     for r in range(width):
       v = values[i, r]
-      bad[r] += v - v  # NaN once an entry is +-inf or NaN
+      t = 4.0 * v if wide else v  # float64: 4 v overflows from |v| = 2^1022 up
+      bad[r] += t - t  # NaN once an entry is +-inf or NaN (or too large to shift)
       carried = min(top0[r], v)
       top0[r] = max(top0[r], v)
       top2[r] = max(top2[r], min(top1[r], carried))
@@ -116,16 +122,18 @@ def gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, ite
   iteration. Rows with more than :data:`CANDIDATES` candidates are left to the per-row
   kernel."""
   n = x.shape[1]
+  wide = float64_entries(x)
+  limit = _ENTRY_LIMIT if wide else np.inf
   taken, span = 0, 0
   fraction = min(max(0.5 ** a, 0.1), 0.9)
   for r in range(width):
     kr, lr = float(k[b0 + r]), float(l[b0 + r])
     state[_K, r], state[_L, r], state[_INV, r] = kr, lr, 1.0 / lr
     state[LAM, r], state[PASSES, r], state[_STATE, r], state[_BAD, r] = 0.0, 0.0, _SKIP, 0.0
-    if not (kr > 0.0 and kr <= 2.0 and kr < n - 1):
+    if not (kr > 0.0 and kr <= 2.0 and kr < n - 1 and (not wide or lr >= _STRENGTH_FLOOR)):
       continue
     m, j = int(math.ceil(kr)), int(math.floor(kr))
-    finite, top0, top1, top2, count = _gather_two_halves(x[b0 + r], n, m, lr, work)
+    finite, top0, top1, top2, count = _gather_two_halves(x[b0 + r], n, m, lr, work, limit)
     if not finite or abs(top0) * root_eps > lr:
       continue
     x_m = top0 if m == 1 else top1
@@ -216,6 +224,7 @@ def _brackets(width, n, k, l, a, b0, root_eps, state):
   iterating from the per-row kernel's start; lanes left to the per-row kernel skipped.
   Returns the bit mask of the lanes taken."""
   taken = 0
+  wide = float64_entries(l)
   fraction = min(max(0.5 ** a, 0.1), 0.9)
   for r in range(width):
     kr, lr = float(k[b0 + r]), float(l[b0 + r])
@@ -223,7 +232,7 @@ def _brackets(width, n, k, l, a, b0, root_eps, state):
     state[LAM, r], state[PASSES, r], state[_STATE, r] = 0.0, 0.0, _SKIP
     top0 = state[_TOP0, r]
     if not (state[_BAD, r] == 0.0 and kr > 0.0 and kr <= 2.0 and kr < n - 1
-            and not abs(top0) * root_eps > lr):
+            and not abs(top0) * root_eps > lr and (not wide or lr >= _STRENGTH_FLOOR)):
       continue
     taken |= 1 << r
     m, j = int(math.ceil(kr)), int(math.floor(kr))

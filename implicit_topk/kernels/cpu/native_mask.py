@@ -21,10 +21,16 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
   the Newton passes into ``passes``, ``|sum(y) - k|`` (of ``y`` as stored) into
   ``residual`` and the origin of ``lam`` into ``shift`` (the row's largest finite
-  entry where it is far from 0 relative to ``l``, else 0: ``lam + shift`` is the
-  threshold of the row as given). Short router rows go through
-  :mod:`~implicit_topk.kernels.cpu.native_lanes` a block at a time, with the same
-  results. Returns 0 (the status)."""
+  entry where it is far from 0 relative to ``l``, else 0). ``lam + shift`` is the
+  threshold of the row ``x 2^-E`` with strength ``l 2^-E``: ``E`` is 0 for every row
+  away from the ends of the float range (then the threshold of the row as given), and
+  for float64 rows at them the exponent of the exact rescaling of
+  :func:`~implicit_topk.kernels.cpu.native_threshold.scale_exponent` (the same as
+  :func:`implicit_topk.solvers.float_range.scale_exponent`, from ``x`` and ``l``:
+  the derivative kernels and :meth:`~implicit_topk.solvers.NativeSolver.run` find it
+  again). Short router rows go through :mod:`~implicit_topk.kernels.cpu.native_lanes`
+  a block at a time, with the same results (never a row with ``E != 0``). Returns 0
+  (the status)."""
   rows, n = x.shape
   work = np.empty(max(n, 1), np.float64)
   scratch = np.empty(max(n, 1), np.float64)

@@ -36,6 +36,20 @@ most halves the last step, else bisection; it stops at :math:`\phi = 0`, a step 
 4 ulps of :math:`\lambda` with :math:`|\phi|` at rounding level, or a collapsed
 bracket. Rows with NaN, with no finite threshold, or with ``k`` at 0 or at the count
 of entries are left to the caller (the problem's ``bracket`` answers them).
+
+Float64 rows at the ends of the float range are solved on an exact rescaling (as the
+pure-JAX solvers do, :func:`implicit_topk.solvers.float_range.scale_exponent` and
+``proofs/float_range.md``): the row and its strength times :math:`2^{-E}`,
+:math:`E = \max(E_{lo}, \min(0, E_{hi}))` with :math:`E_{lo} = \lfloor\log_2 \max_i
+|x_i|\rfloor + 2 - 1023` (finite entries: every difference of two scaled entries is
+finite) and :math:`E_{hi} = \lfloor\log_2 l\rfloor + 1022 - 53` (the scaled
+strength's ulps are normal floats: XLA runs the kernel with subnormals flushed to
+zero). The mask depends on :math:`(x_i - \lambda)/l` only, so it is unchanged; the
+threshold and origin are returned in the scaled coordinates. :math:`E = 0`, and
+nothing is scaled, for every row with :math:`|x_i| < 2^{1022}` and :math:`l \ge
+2^{-969}`, which the passes the kernel makes anyway check (:func:`_all_below`,
+:data:`_ENTRY_LIMIT` in the one-pass paths). Float32 rows never reach these ranges
+(the kernel computes in float64) and are never scaled.
 """
 
 from __future__ import annotations
@@ -44,7 +58,8 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import carray, njit
+from numba import carray, njit, types
+from numba.extending import overload
 
 from implicit_topk.kernels.cpu import abi
 
@@ -58,6 +73,11 @@ _LOWEST = -np.finfo(np.float64).max
 _EPS64 = float(np.finfo(np.float64).eps)
 _INT_MAX = np.int64(np.iinfo(np.int64).max)
 _INT_MIN = np.int64(np.iinfo(np.int64).min)
+#: Float64 entries below this in magnitude keep every difference of two finite (4 times
+#: one overflows exactly from here): scale exponent E_lo <= 0.
+_ENTRY_LIMIT = 2.0 ** 1022
+#: Float64 strengths from this one up keep their ulps normal (times 2^-53): E_hi >= 0.
+_STRENGTH_FLOOR = 2.0 ** -969
 _OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
 
 
@@ -324,6 +344,57 @@ def _max_of_finite(row, n):
   for i in range(1, n):
     top = max(top, row[i])
   return float(top)
+
+
+def float64_entries(values):
+  """Whether ``values`` (an array or a scalar) holds float64: in numba a compile-time
+  constant, so that the float32 kernels compile without the rescaling of the float64
+  rows at the ends of the float range."""
+  return np.asarray(values).dtype == np.float64
+
+
+@overload(float64_entries, inline="always")
+def _float64_entries(values):
+  wide = getattr(values, "dtype", values) == types.float64
+  return lambda values: wide
+
+
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _all_below(row, n):
+  """Whether every entry of the row is finite and below :data:`_ENTRY_LIMIT` in
+  magnitude (one vectorized pass, as :func:`_all_finite`: ``4 v`` is exact, and
+  infinite from ``|v| = 2^1022`` up)."""
+  overflow = 0.0
+  for i in range(n):
+    t = 4.0 * row[i]
+    overflow += t - t  # NaN once 4 v overflows, or v is +-inf or NaN
+  return overflow == 0.0
+
+
+@njit(inline="always", **_OPTIONS)
+def scale_exponent(row, n, l):
+  """``(E, every entry finite)`` of a float64 row and its strength ``l``: the exponent of
+  the exact rescaling ``x 2^-E``, ``l 2^-E`` of
+  :func:`implicit_topk.solvers.float_range.scale_exponent`, from the exponent bits
+  (``floor(log2 v)`` is the biased exponent minus 1023, and -1023 for 0 and
+  subnormals, as there): ``E = max(E_lo, min(0, E_hi))`` with ``E_lo = floor(log2
+  max|x_i|) + 2 - 1023`` over the finite entries and ``E_hi = floor(log2 l) + 1022 -
+  53``, clipped to ``[-1021, 1021]``. One pass; only for rows that
+  :func:`_all_below` or the strength's test flags."""
+  top, finite = 0, True
+  for i in range(n):
+    field = (np.float64(row[i]).view(np.int64) >> 52) & 2047
+    finite &= field < 2047
+    top = max(top, field if field < 2047 else 0)
+  e_lo = top - 1023 + 2 - 1023
+  e_hi = ((np.float64(l).view(np.int64) >> 52) & 2047) - 1023 + 1022 - 53
+  return min(max(max(e_lo, min(0, e_hi)), -1021), 1021), finite
+
+
+@njit(inline="always", **_OPTIONS)
+def power_of_two(e):
+  """``2.0 ** e`` for an integer ``e`` in ``[-1022, 1023]``, from its bits (exact)."""
+  return np.int64((e + 1023) << 52).view(np.float64)
 
 
 @njit(**_OPTIONS)
@@ -730,19 +801,20 @@ def _insert3(s0, s1, s2, v):
 
 
 @njit(inline="always", **_OPTIONS)
-def _gather_two_halves(row, n, m, l, work):
+def _gather_two_halves(row, n, m, l, work, limit=np.inf):
   """One pass over a finite-or-not row keeping its three largest entries and gathering
   every entry above the ``m``-th largest of the entries before it in its half minus
   ``l`` (a superset of the candidates: that running ``m``-th largest never exceeds the
   row's ``x_(m)``), the two halves as two independent chains interleaved, the gathered
-  entries in row order in ``work``. Returns (finite, s0, s1, s2, count)."""
+  entries in row order in ``work``. Returns (finite, s0, s1, s2, count), ``finite``:
+  every entry below ``limit`` in magnitude (:data:`_ENTRY_LIMIT` for float64 rows)."""
   half = n // 2
   finite = True
   a0, a1, a2, b0, b1, b2 = -np.inf, -np.inf, -np.inf, -np.inf, -np.inf, -np.inf
   count_a, count_b = 0, half
   for i in range(half):
     u, v = float(row[i]), float(row[half + i])
-    finite &= (abs(u) < np.inf) & (abs(v) < np.inf)
+    finite &= (abs(u) < limit) & (abs(v) < limit)
     work[count_a] = u
     work[count_b] = v
     count_a += u > (a0 if m == 1 else a1) - l
@@ -751,7 +823,7 @@ def _gather_two_halves(row, n, m, l, work):
     b0, b1, b2 = _insert3(b0, b1, b2, v)
   for i in range(2 * half, n):  # the last entry of an odd row
     v = float(row[i])
-    finite &= abs(v) < np.inf
+    finite &= abs(v) < limit
     work[count_b] = v
     count_b += v > (b0 if m == 1 else b1) - l
     b0, b1, b2 = _insert3(b0, b1, b2, v)
@@ -764,7 +836,7 @@ def _gather_two_halves(row, n, m, l, work):
 
 
 @njit(inline="always", **_OPTIONS)
-def _small_k_row(row, n, k, l, a, tol, root_eps, work):
+def _small_k_row(row, n, k, l, a, tol, root_eps, work, limit=np.inf):
   """The threshold of a p-norm row with ``0 < k <= 2`` and ``k < n - 1`` (the router
   rows), in one pass over the row: the pass checks that every entry is finite, keeps
   the three largest entries (min/max pairs) and, for rows longer than
@@ -773,17 +845,17 @@ def _small_k_row(row, n, k, l, a, tol, root_eps, work):
   end add exact zeros to phi and its derivatives, so the sums are those over the
   candidates in row order: the same threshold to the bit as the general path).
   Returns (ok, lam, passes, the gap from the row's maximum to its ``ceil(k) + 1``-th
-  largest entry); not ``ok`` (a non-finite entry, or a row far from 0
-  relative to ``l``, to be solved relative to its maximum) leaves the row to the
-  general path."""
+  largest entry); not ``ok`` (an entry not below ``limit`` in magnitude: non-finite,
+  or at the float64 maximum's binade, to be rescaled; or a row far from 0 relative to
+  ``l``, to be solved relative to its maximum) leaves the row to the general path."""
   m, j = int(math.ceil(k)), int(math.floor(k))
   if n > _IN_PLACE_ROW:
-    finite, s0, s1, s2, count = _gather_two_halves(row, n, m, l, work)
+    finite, s0, s1, s2, count = _gather_two_halves(row, n, m, l, work, limit)
   else:
     finite, s0, s1, s2, count = True, -np.inf, -np.inf, -np.inf, 0
     for i in range(n):
       v = float(row[i])
-      finite &= abs(v) < np.inf  # False at +-inf and NaN (a one-cycle chain: no sum)
+      finite &= abs(v) < limit  # False at +-inf and NaN (a one-cycle chain: no sum)
       s0, s1, s2 = _insert3(s0, s1, s2, v)
   gather = n > _IN_PLACE_ROW
   if not finite or abs(s0) * root_eps > l:
@@ -803,21 +875,77 @@ def _small_k_row(row, n, k, l, a, tol, root_eps, work):
   return True, lam, passes, gap
 
 
-@njit(**_OPTIONS)
-def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out):
-  """One row's (threshold, passes, origin), its mask written into ``out``; returns
-  also ``|sum(out) - k|``."""
+@njit(inline="always", **_OPTIONS)
+def _small_k_attempt(row, n, kb, lb, kind, a, tol, root_eps, work, guess, out, limit):
+  """The router rows' path of :func:`_solve_row` (p-norm, ``0 < k <= 2``): ``(solved,
+  threshold, passes, |sum(out) - k|)``, the mask written where ``solved``."""
   if (kind == PNORM and kb > 0.0 and kb <= 2.0 and kb < n - 1
       and (n <= _ONE_PASS_ROW or (guess[0] == np.inf and n < _SAMPLED_ROW))):
     # rows of more than _ONE_PASS_ROW entries take this path only while there is no
     # previous row nor a sample to guess their cut from; they leave the guess behind
-    solved, value, it, gap = _small_k_row(row, n, kb, lb, a, tol, root_eps, work)
+    solved, value, it, gap = _small_k_row(row, n, kb, lb, a, tol, root_eps, work, limit)
     if solved and n > _ONE_PASS_ROW and gap < np.inf:
       _update_guess(guess, gap)
     if solved:
       total = _write_finite_mask(row, n, value, lb, kind, a, 0.0, out)
-      return value, it, 0.0, abs(total - kb)
-  finite = _all_finite(row, n)
+      return True, value, it, abs(total - kb)
+  return False, 0.0, 0, 0.0
+
+
+@njit(**_OPTIONS)
+def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out):
+  """One row's (threshold, passes, origin), its mask written into ``out``; returns
+  also ``|sum(out) - k|``. A float64 row at the ends of the float range (scale exponent
+  ``E != 0``, :func:`scale_exponent`) is solved as ``x 2^-E`` with strength ``l
+  2^-E`` (:func:`_scaled_row`): its threshold and origin are those of the scaled row.
+  Ordinary rows pay nothing for the test: the one-pass paths check their entries
+  against :data:`_ENTRY_LIMIT` instead of infinity, the others' finiteness pass
+  becomes :func:`_all_below`."""
+  wide = float64_entries(row)
+  plain = not wide or lb >= _STRENGTH_FLOOR  # E_hi >= 0
+  if plain:
+    solved, value, it, residual = _small_k_attempt(
+        row, n, kb, lb, kind, a, tol, root_eps, work, guess, out,
+        _ENTRY_LIMIT if wide else np.inf)
+    if solved:
+      return value, it, 0.0, residual
+  if not wide:
+    return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
+                        _all_finite(row, n))
+  if plain and _all_below(row, n):  # E_lo <= 0 <= E_hi: E = 0
+    return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
+                        True)
+  e, finite = scale_exponent(row, n, lb)
+  if e == 0:  # a non-finite entry, or both ends at once
+    return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
+                        finite)
+  return _scaled_row(row, n, kb, lb, e, kind, a, tol, root_eps, work, scratch, out)
+
+
+@njit(**_OPTIONS)
+def _scaled_row(row, n, kb, lb, e, kind, a, tol, root_eps, work, scratch, out):
+  """:func:`_solve_row` on the row ``x 2^-e`` with strength ``l 2^-e`` (exact: a power
+  of two; entries that underflow move their ``z`` by less than the precision,
+  ``proofs/float_range.md``), with a guess of its own (the rows around it keep
+  theirs): the threshold and origin of the scaled row, the mask of both."""
+  factor = power_of_two(-e)
+  scaled = np.empty(max(n, 1))
+  for i in range(n):
+    scaled[i] = row[i] * factor
+  lb = lb * factor
+  guess = np.full(3, np.inf)
+  solved, value, it, residual = _small_k_attempt(
+      scaled, n, kb, lb, kind, a, tol, root_eps, work, guess, out, np.inf)
+  if solved:
+    return value, it, 0.0, residual
+  return _general_row(scaled, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
+                      _all_finite(scaled, n))
+
+
+@njit(**_OPTIONS)
+def _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out, finite):
+  """:func:`_solve_row` past the router rows' path; ``finite``: every entry is
+  finite."""
   top = _max_of_finite(row, n) if n > 0 and finite else _finite_counts(row, n, 0.0)[4]
   # As the problems' normalize: rows far from 0 relative to l are solved relative to
   # their largest finite entry (shift invariance), so that x - lam keeps its digits.

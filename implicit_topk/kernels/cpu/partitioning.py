@@ -67,13 +67,16 @@ def _threshold_solver(problem):
 
 def _capped_simplex(axis, attributes, x, k, l):
   """``(mask, lam, passes, residual, shift)`` as the mask kernel returns them (``lam +
-  shift`` the threshold of ``x``), by the threshold iteration with ``psum`` over
-  ``axis``; the rows normalized as :meth:`CappedSimplex.normalize` does."""
+  shift`` the threshold of ``x``, or for float64 rows at the ends of the float range
+  of ``x 2^-E`` with strength ``l 2^-E``, the kernel's exact rescaling), by the
+  threshold iteration with ``psum`` over ``axis``; the rows normalized as
+  :meth:`CappedSimplex.normalize` does."""
   from implicit_topk.problems import CappedSimplex
   from implicit_topk.problems.layout import LastAxis
   problem = CappedSimplex(_regularizer(int(attributes["kind"]), float(attributes["a"])),
                           layout=LastAxis(axis))
   layout = problem.layout
+  x, l, _ = _scaled(axis, x, l)
   top = layout.max(jnp.where(jnp.isfinite(x), x, -jnp.inf))
   far = jnp.abs(top) * np.sqrt(np.finfo(x.dtype).eps) > l
   shift = jnp.where(jnp.isfinite(top) & far, top, jnp.zeros_like(top))
@@ -94,6 +97,18 @@ def _magnitude(axis, attributes, x, k, l):
           step.state.residual.astype(x.dtype))
 
 
+def _scaled(axis, x, l):
+  """``(x f, l f, f)`` with ``f = 2^-E`` per row, the mask kernel's exact rescaling of
+  float64 rows (:func:`implicit_topk.solvers.mask_tangent.row_scale`, the maximum
+  ``pmax``'d over ``axis``); ``f`` is 1 for other dtypes."""
+  from implicit_topk.problems.layout import LastAxis
+  from implicit_topk.solvers import mask_tangent
+  f = mask_tangent.row_scale(x, l, LastAxis(axis))
+  if f is None:
+    return x, l, jnp.ones_like(l)
+  return x * f[..., None], l * f, f
+
+
 def _slopes(attributes, x, lam, shift, l):
   from implicit_topk.solvers import mask_tangent
   return mask_tangent.slopes(int(attributes["kind"]), float(attributes["a"]), x, lam, shift, l)
@@ -102,6 +117,8 @@ def _slopes(attributes, x, lam, shift, l):
 def _tangent(axis, attributes, x, lam, shift, l, x_dot, k_dot, l_dot):
   """``(y_dot, lam_dot)``: :func:`implicit_topk.solvers.mask_tangent.tangent` with its
   row sums ``psum``'d over ``axis``; NaN rows as the tangent kernel gives them."""
+  x, l, f = _scaled(axis, x, l)
+  x_dot, l_dot = x_dot * f[..., None], l_dot * f
   d, dz = _slopes(attributes, x, lam, shift, l)
   total = jax.lax.psum(d.sum(-1), axis)
   moved = jax.lax.psum((d * x_dot - dz * l_dot[..., None]).sum(-1), axis)
@@ -114,15 +131,17 @@ def _tangent(axis, attributes, x, lam, shift, l, x_dot, k_dot, l_dot):
 def _cotangent(axis, attributes, x, lam, shift, l, y_bar, lam_bar):
   """``(x_bar, k_bar, l_bar)``: the transpose of :func:`_tangent` (as the cotangent
   kernel computes it: ``c = (lam_bar - sum d y_bar) / sum d``, ``x_bar = d (y_bar +
-  c)``, ``k_bar = -c``, ``l_bar = -sum d z (y_bar + c)``), row sums ``psum``'d."""
+  c)``, ``k_bar = -c``, ``l_bar = -sum d z (y_bar + c)``, in the coordinates of
+  :func:`_scaled`, ``x_bar`` and ``l_bar`` then times ``f``), row sums ``psum``'d."""
+  x, l, f = _scaled(axis, x, l)
   d, dz = _slopes(attributes, x, lam, shift, l)
   total = jax.lax.psum(d.sum(-1), axis)
   weighted = jax.lax.psum((d * y_bar).sum(-1), axis)
   c = jnp.where(total > 0, (lam_bar - weighted) / jnp.where(total > 0, total, 1), 0)
   c = jnp.where(jnp.isnan(lam), jnp.nan, c)
   g = y_bar + c[..., None]
-  x_bar = jnp.where(jnp.isnan(c)[..., None], jnp.nan, d * g)
-  l_bar = -jax.lax.psum((dz * g).sum(-1), axis)
+  x_bar = jnp.where(jnp.isnan(c)[..., None], jnp.nan, d * g * f[..., None])
+  l_bar = -jax.lax.psum((dz * g).sum(-1), axis) * f
   return x_bar, -c, jnp.where(jnp.isnan(c), jnp.nan, l_bar)
 
 
