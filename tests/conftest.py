@@ -139,9 +139,14 @@ def pytest_sessionstart(session):
   names = _kernels_to_warm(config)
   if not names:
     return
+  # once, here: the build processes below then find numba's cache in step with the sources
+  from implicit_topk.kernels.cpu import cache_stamp
+  cache_stamp.refresh()
   processes = max(1, min(os.cpu_count() or 1, len(names)))
-  # the mask kernels cost most (20-30 s each on a cold cache): spread them first
-  ordered = sorted(names, key=lambda n: ("tangent" in n, n))
+  # the forward kernels cost most (20-30 s each on a cold cache): spread them first, the
+  # derivative kernels (families capped_simplex_tangent_*, capped_simplex_cotangent_*) last
+  is_derivative = lambda name: "_tangent_" in name or "_cotangent_" in name
+  ordered = sorted(names, key=lambda name: (is_derivative(name), name))
   groups = [ordered[i::processes] for i in range(processes)]
   script = ("import sys\nfrom implicit_topk.kernels.cpu import registry\n"
             "registry.register(sys.argv[1:])\n")
