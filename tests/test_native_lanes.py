@@ -92,6 +92,17 @@ def _kernel(x, k, l, a, per_row):
   return y, lam, passes
 
 
+# Rows (k = 2, l = 1; padded with -10, never a candidate) on which p = 4/3 takes 6 and 7
+# Newton passes, more than the lanes' LANE_PASSES: they resume one by one. Ordinary
+# rows take 2 or 3 (the step to the root of the current piece's cubic), near-binary
+# ones too.
+_SLOW_ROWS = (
+    [-0.17189647257328033, -0.6562065482139587, -0.30077359080314636, 0.4728562533855438,
+     -0.17435528337955475, -0.46879684925079346, -1.255548357963562, 0.42396673560142517],
+    [-0.1927599459886551, 0.75523841381073, 0.0650814026594162, 0.7013830542564392,
+     0.14277440309524536, -0.503546416759491, 0.10535727441310883, -0.3764691650867462])
+
+
 # One worker runs them all: each compiles the kernel's entry for calls from Python (about
 # 50 s on a cold numba cache), which two workers did at the same time.
 @pytest.mark.xdist_group("native_lanes_bits")
@@ -105,14 +116,17 @@ def test_lanes_give_the_per_row_kernel_results_to_the_bit(a, n):
   if n > native_lanes.LANE_ROW:  # rows with more candidates than the lanes hold
     x[10::17] = np.linspace(1.0, 0.9, n)
     l[10::17] = 0.5
+  for r, row in zip((11, 130), _SLOW_ROWS):  # more passes than the lanes take (p = 4/3)
+    x[r], k[r], l[r] = -10.0, 2.0, 1.0
+    x[r, :len(row)] = row
   x, k, l = x.astype(np.float32), k.astype(np.float32), l.astype(np.float32)
   lanes, rows = _kernel(x, k, l, a, False), _kernel(x, k, l, a, True)
   for got, expected in zip(lanes, rows):
     np.testing.assert_array_equal(got, expected)
   passes = lanes[2]
   assert (passes == 0).any() and (passes > 0).any()
-  if a == 3.0:  # the near-binary rows take more passes than the lanes do
-    assert (passes > native_lanes.LANE_PASSES).any()
+  if a == 3.0:  # the rows of _SLOW_ROWS take more passes than the lanes do
+    assert (passes[[11, 130]] > native_lanes.LANE_PASSES).all(), passes[[11, 130]]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])

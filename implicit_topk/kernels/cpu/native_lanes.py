@@ -46,7 +46,8 @@ from implicit_topk.kernels.cpu.native_threshold import (_ENTRY_LIMIT, _ONE_PASS_
                                                         _OPTIONS, _STRENGTH_FLOOR,
                                                         _count_above, _gather_two_halves,
                                                         _midpoint, _newton, _safeguarded_step,
-                                                        float64_entries)
+                                                        float64_entries, plain_step,
+                                                        refined_step, third_derivative)
 
 #: Rows per block.
 BLOCK = 64
@@ -59,8 +60,8 @@ LANE_ROW = 16
 CANDIDATES = 16
 # the rows of the lanes' state array
 _TOP0, _TOP1, _TOP2, _BAD, _K, _L, _INV, _LO, _HI, LAM, _PREV = range(11)
-TOTAL, _SLOPE, _CURVE, _STATE, PASSES = range(11, 16)
-STATE_ROWS = 16
+TOTAL, _SLOPE, _CURVE, _STATE, PASSES, _FRACTIONAL, _STEP = range(11, 18)
+STATE_ROWS = 18
 _SKIP, _ITERATING, _DONE = 0.0, 1.0, 2.0
 
 
@@ -251,12 +252,15 @@ def _brackets(width, n, k, l, a, b0, root_eps, state):
 
 @njit(**_OPTIONS)
 def _phi_lanes(values, n, width, a, state):
-  """phi + k, -l phi' and l^2 phi'' of every lane at its ``lam`` (as the per-row
-  kernel's ``_phi`` sums them, entry by entry in row order), into the state."""
+  """phi + k, -l phi' and l^2 phi'' of every lane at its ``lam``, and for p = 4/3 the
+  count of its fractional entries (as the per-row kernel's ``_phi`` sums them, entry
+  by entry in row order), then the step each lane proposes (the per-row kernel's
+  ``newton_step``, for every lane in one vectorized loop), into the state."""
   total, slope, curve = state[TOTAL], state[_SLOPE], state[_CURVE]
+  fractional = state[_FRACTIONAL]
   lam, inv, k = state[LAM], state[_INV], state[_K]
   for r in range(width):
-    total[r], slope[r], curve[r] = -k[r], 0.0, 0.0
+    total[r], slope[r], curve[r], fractional[r] = -k[r], 0.0, 0.0, 0.0
   if a == 3.0:  # p = 4/3
     for i in range(n):
       for r in range(width):
@@ -265,12 +269,24 @@ def _phi_lanes(values, n, width, a, state):
         total[r] += z * z * z
         slope[r] -= 3.0 * z * z * inside
         curve[r] += 6.0 * z * inside
+        fractional[r] += inside if z > 0.0 else 0.0
   else:  # p = 2
     for i in range(n):
       for r in range(width):
         z = (values[i, r] - lam[r]) * inv[r]
         total[r] += min(max(z, 0.0), 1.0)
         slope[r] -= 1.0 if (z > 0.0) & (z < 1.0) else 0.0
+  step = state[_STEP]
+  if a == 3.0:
+    for r in range(width):
+      scale = inv[r]
+      dphi, d2phi = slope[r] * scale, curve[r] * scale * scale
+      step[r] = refined_step(plain_step(total[r], dphi, d2phi), total[r], dphi, d2phi,
+                             third_derivative(fractional[r], scale))
+  else:
+    for r in range(width):
+      scale = inv[r]
+      step[r] = plain_step(total[r], slope[r] * scale, curve[r] * scale * scale)
 
 
 @njit(**_OPTIONS)
@@ -293,9 +309,9 @@ def _step(r, tol, state):
   """Lane ``r``'s step (the per-row kernel's, from the lane's phi): (its next lam,
   whether it is done); updates its bracket, last step and pass count."""
   inv, it = state[_INV, r], int(state[PASSES, r])
-  phi, dphi, d2phi = state[TOTAL, r], state[_SLOPE, r] * inv, state[_CURVE, r] * inv * inv
+  phi, dphi = state[TOTAL, r], state[_SLOPE, r] * inv
   state[PASSES, r] = it + 1
   done, lam, state[_LO, r], state[_HI, r], state[_PREV, r] = _safeguarded_step(
-      phi, dphi, d2phi, state[LAM, r], state[_LO, r], state[_HI, r], state[_PREV, r], it,
-      tol, math.sqrt(tol) * (state[_K, r] + 1.0))
+      phi, dphi, state[_STEP, r], state[LAM, r], state[_LO, r], state[_HI, r],
+      state[_PREV, r], it, tol, math.sqrt(tol) * (state[_K, r] + 1.0))
   return lam, done
