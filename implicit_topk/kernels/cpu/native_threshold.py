@@ -32,10 +32,13 @@ perspective", ICML). No sort (``proofs/native_bracket.md``):
 The iteration is the one of the pure-JAX solver
 (:func:`implicit_topk.solvers.threshold.safeguarded_newton_step`), in float64 whatever
 the input dtype: the Newton or Schroeder step when it stays inside the bracket and at
-most halves the last step, else bisection; it stops at :math:`\phi = 0`, a step below
-4 ulps of :math:`\lambda` with :math:`|\phi|` at rounding level, or a collapsed
-bracket. Rows with NaN, with no finite threshold, or with ``k`` at 0 or at the count
-of entries are left to the caller (the problem's ``bracket`` answers them).
+most halves the last step, else bisection (for p = 4/3 the step is refined to the
+root of the cubic phi is on at the current piece, :func:`refined_step`, so that a row
+whose root lies on the piece of its first point takes two passes); it stops at
+:math:`\phi = 0`, a step below 4 ulps of :math:`\lambda` with :math:`|\phi|` at
+rounding level, or a collapsed bracket. Rows with NaN, with no finite threshold, or with
+``k`` at 0 or at the count of entries are left to the caller (the problem's
+``bracket`` answers them).
 
 Float64 rows at the ends of the float range are solved on an exact rescaling (as the
 pure-JAX solvers do, :func:`implicit_topk.solvers.float_range.scale_exponent` and
