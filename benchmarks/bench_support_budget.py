@@ -8,11 +8,15 @@ budget m, the strength l and whether it is relative to each row's spread,
 * ``hard fwd``: ``lax.top_k`` and a scatter of ones (the hard mask), forward only;
 * ``soft``: ``jax.grad(lambda x: sum(soft_topk_mask(x, k, regularization_strength=l) * w))``
   (the default solver, p = 4/3) for a fixed random cotangent ``w``;
-* ``soft + max_support``: the same with ``max_support=m`` (one ``lax.top_k`` of m+1
-  values and two small problems on them; no solver kernel).
+* ``soft + max_support``: the same with ``max_support=m`` (on CPU the budget's kernel,
+  :mod:`implicit_topk.kernels.cpu.budget_kernel`: one pass over each row for its m+1
+  largest values, then two small problems on them; the mask and its derivatives in JAX);
+* ``soft + max_support (JAX path)``: the same on the pure-JAX path that other platforms
+  run (the m+1 largest values by masked maxima or ``lax.top_k``), compiled with the
+  kernel switched off (``--no-jax-path`` leaves it out).
 
-Contenders are compiled and warmed up first; the timed calls are interleaved (round r
-calls every contender once), each ending with ``block_until_ready``. Reported: the
+Contenders are compiled (ahead of time) and warmed up first; the timed calls are
+interleaved (round r calls every contender once), each ending with ``block_until_ready``. Reported: the
 median (min, max) of ``--repeats`` calls (default 11), the ratios to the hard forward
 and of the budgeted call to the plain one; ``os.getloadavg()`` before and after. With
 ``--json FILE`` the figures are also written there.
@@ -29,12 +33,14 @@ import argparse
 import json
 import os
 import platform
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import implicit_topk as itk
+from implicit_topk import support_budget
 import _timing  # noqa: E402  (the scripts' folder is on sys.path)
 
 # (batch, n, k, m, l, standardize): the router cells with a budget one or two above k; at
@@ -52,21 +58,33 @@ def hard_mask(x, k):
   return jnp.zeros_like(x).at[rows, index].set(1.0)
 
 
-def contenders(k, m, l, standardize, w):
-  """name -> jitted function of x."""
-  soft = lambda budget: jax.jit(jax.grad(lambda x: jnp.sum(
-      itk.soft_topk_mask(x, float(k), regularization_strength=l, max_support=budget,
-                         standardize=standardize) * w)))
-  return {"hard fwd": jax.jit(lambda x: hard_mask(x, k)), "soft": soft(None),
-          "soft + max_support": soft(m)}
+def _compiled(fn, x, kernel=True):
+  """``fn`` compiled for ``x``; ``kernel=False``: with the budget's CPU kernel switched
+  off (the JAX path; the caches are cleared so that no earlier trace is reused)."""
+  jax.clear_caches()
+  with mock.patch.object(support_budget, "kernel_applies",
+                         support_budget.kernel_applies if kernel else lambda *a: False):
+    return jax.jit(fn).lower(x).compile()
 
 
-def time_cell(batch, n, k, m, l, standardize, repeats):
+def contenders(k, m, l, standardize, w, x, jax_path=True):
+  """name -> compiled function of x."""
+  soft = lambda budget: jax.grad(lambda z: jnp.sum(
+      itk.soft_topk_mask(z, float(k), regularization_strength=l, max_support=budget,
+                         standardize=standardize) * w))
+  fns = {"hard fwd": _compiled(lambda z: hard_mask(z, k), x), "soft": _compiled(soft(None), x),
+         "soft + max_support": _compiled(soft(m), x)}
+  if jax_path:
+    fns["soft + max_support (JAX path)"] = _compiled(soft(m), x, kernel=False)
+  return fns
+
+
+def time_cell(batch, n, k, m, l, standardize, repeats, jax_path=True):
   """Median, min and max seconds per contender, interleaved."""
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(batch, n)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(batch, n)), jnp.float32)
-  return _timing.interleaved(contenders(k, m, l, standardize, w), x, repeats)
+  return _timing.interleaved(contenders(k, m, l, standardize, w, x, jax_path), x, repeats)
 
 
 def main():
@@ -75,22 +93,25 @@ def main():
                       help="comma-separated indices into CELLS")
   parser.add_argument("--repeats", type=int, default=11)
   parser.add_argument("--json", default=None, help="also write the figures to this file")
+  parser.add_argument("--no-jax-path", action="store_true",
+                      help="leave out the budget's pure-JAX path")
   opts = parser.parse_args()
   load_start = os.getloadavg()
   print(f"# {platform.node()} {jax.default_backend()} jax {jax.__version__}, "
         f"load average {load_start[0]:.2f}")
   print("| cell | hard fwd | soft fwd+bwd | + max_support | soft / hard | budgeted / hard "
-        "| budgeted / soft |")
-  print("|---|---|---|---|---|---|---|")
+        "| budgeted / soft | JAX path / soft |")
+  print("|---|---|---|---|---|---|---|---|")
   records = []
   for index in (int(i) for i in opts.cells.split(",")):
     batch, n, k, m, l, standardize = CELLS[index]
-    t = time_cell(batch, n, k, m, l, standardize, opts.repeats)
+    t = time_cell(batch, n, k, m, l, standardize, opts.repeats, not opts.no_jax_path)
     hard, soft, budget = (t[name][0] for name in ("hard fwd", "soft", "soft + max_support"))
+    jax_path = t.get("soft + max_support (JAX path)", (float("nan"),))[0]
     label = f"l={l}{' std' if standardize else ''}"
     print(f"| {batch}x{n} k={k} m={m} {label} | {hard * 1e3:.3f} ms | {soft * 1e3:.3f} ms | "
           f"{budget * 1e3:.3f} ms | {soft / hard:.2f}x | {budget / hard:.2f}x | "
-          f"{budget / soft:.2f}x |")
+          f"{budget / soft:.2f}x | {jax_path / soft:.2f}x |", flush=True)
     records.append({"batch": batch, "n": n, "k": k, "max_support": m, "l": l,
                     "standardize": standardize,
                     "seconds": {name: list(v) for name, v in t.items()}})

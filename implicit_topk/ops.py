@@ -158,14 +158,17 @@ def soft_topk_mask(
       such a tie straddles the cut; gradients through both the mask's and the
       strength's equations (``proofs/support_budget.md``). p-norm regularizers only
       (the others have no exact zeros: ``ValueError``), whole rows (not with
-      ``axis_name``: ``ValueError``). Cost: the ``m + 1`` largest entries of each row
-      (one ``lax.top_k``, or ``m + 2`` masked maxima over short rows), the threshold
-      and ``l*`` in closed form on those values, and the mask of the row elementwise; no solver runs, so
-      ``solver``, ``diff``, ``tol``, ``maxiter`` and ``implicit_diff_backend`` do not
-      apply (rows of at most ``m`` entries, which never bind, use the solver). The same
-      JAX code on CPU and GPU; ``where``, ``standardize``, NaN and infinite entries,
-      every dtype, ``jit``, ``vmap``, forward and reverse mode (higher orders too) and
-      ``jax.export`` (no custom call) work as without it.
+      ``axis_name``: ``ValueError``). Cost: the ``m + 1`` largest entries of each row,
+      the threshold and ``l*`` in closed form on those values (on CPU one compiled
+      kernel, one pass over each row, for float32/float64 and p = 2, 3/2, 4/3; else
+      JAX: ``lax.top_k`` or ``m + 2`` masked maxima), and the mask of the row
+      elementwise; no solver runs, so ``solver``, ``diff``, ``tol``, ``maxiter`` and
+      ``implicit_diff_backend`` do not apply (rows of at most ``m`` entries, which
+      never bind, use the solver). ``where``, ``standardize``, NaN and infinite
+      entries, every dtype, ``jit`` (a reduced axis split over devices stays split),
+      ``vmap``, forward and reverse mode (higher orders too) and ``jax.export`` (with
+      :func:`implicit_topk.export_safety_checks`, like the default solver) work as
+      without it.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 

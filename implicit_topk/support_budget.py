@@ -16,13 +16,16 @@ strength :math:`l' = \min(l, l^\star)`, whose threshold is at least the cut
 (``proofs/support_budget.md``).
 
 So the whole answer depends on the entries above the cut only, the ``m`` largest: the
-``m + 1`` largest values of each row (one ``lax.top_k``, or over short rows ``m + 2``
-passes of a masked maximum that also count each value), then two small problems on
-those values (:mod:`implicit_topk._budget_pieces`: :math:`l^\star` and the plain
-threshold, each in closed form on its piece, O(m^2) per row), then the mask of the
-whole row at :math:`(\lambda', l')`, elementwise. No solver kernel runs: the same
-pure-JAX code on CPU and GPU (whatever ``solver=`` says), and no n x n or n x m
-intermediate.
+``m + 1`` largest values of each row, then two small problems on those values
+(:mod:`implicit_topk._budget_pieces`: :math:`l^\star` and the plain threshold, each in
+closed form on its piece, O(m^2) per row), then the mask of the whole row at
+:math:`(\lambda', l')`, elementwise. On CPU (float32, float64; p = 2, 3/2, 4/3) the
+first two steps are one compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`:
+one pass over each row, then the closed forms in float64); elsewhere they are JAX (one
+``lax.top_k``, or over short rows ``m + 2`` passes of a masked maximum that also count
+each value), chosen when the program is lowered. No solver runs (whatever ``solver=``
+says), and no n x n or n x m intermediate. Under ``jit`` with the reduced axis split
+over devices, each device runs the JAX passes on its block with ``pmax``/``psum``.
 
 Ties: a symmetric operator cannot split a tie. Where fewer than ``k`` entries lie
 strictly above :math:`c`, the cut moves to the next distinct value below :math:`c`
@@ -47,6 +50,7 @@ from typing import NamedTuple
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from implicit_topk import _budget_pieces
 from implicit_topk.kernels.cpu.kinds import PNORM
@@ -80,16 +84,23 @@ def check_max_support(max_support, k_value, regularizer) -> int:
 _PASSES_UP_TO = 512
 
 
-def budget_mask(rows, k, l, m: int, regularizer):
+def budget_mask(rows, k, l, m: int, regularizer, *, kernel: bool | None = None):
   r"""The p-norm mask of ``rows`` (..., n), ``n > m``, with at most ``m`` nonzero
   entries per row (the tie rule aside): the mask at strength :math:`\min(l, l^\star)`.
 
   ``k`` and ``l`` have the rows' shape. A row with NaN (or NaN ``k``, ``l``, or no
   threshold: more ``+inf`` entries than ``k``, fewer entries above ``-inf`` than
-  ``k``) gives NaN; ``+inf`` entries get 1, ``-inf`` entries 0, like the plain mask."""
-  values, weights, cut = _entries(lax.stop_gradient(rows), lax.stop_gradient(k), m)
+  ``k``) gives NaN; ``+inf`` entries get 1, ``-inf`` entries 0, like the plain mask.
+
+  ``kernel``: whether a program lowered for the CPU finds the threshold and strength
+  with the compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`; default:
+  where it can, see :func:`kernel_applies`); elsewhere, and on other platforms, the
+  pure-JAX path. Both give the same values to a few ulps."""
   a = regularizer.exponent
-  shift, offset, strength = _threshold(rows, k, l, values, weights, cut, a)
+  use_kernel = kernel_applies(rows.dtype, a) if kernel is None else (
+      kernel and kernel_applies(rows.dtype, a))
+  shift, offset, strength, cut = _threshold(rows, k, l, m, a, use_kernel)
+  cut = lax.stop_gradient(cut)
   # (x - shift) / l' - offset: no difference of order l' is formed, which could be
   # subnormal (flushed to 0 by XLA:CPU) for rows of scale 1e-300
   z = (rows - shift[..., None]) / strength[..., None] - offset[..., None]
@@ -97,6 +108,59 @@ def budget_mask(rows, k, l, m: int, regularizer):
   # tiny positive value there: XLA divides through the reciprocal)
   y = jnp.where(rows > cut[..., None], regularizer.mask(z), 0.0)
   return jnp.where(jnp.isnan(strength)[..., None], jnp.nan, y)
+
+
+def kernel_applies(dtype, a) -> bool:
+  """Whether the CPU kernel serves rows of ``dtype`` with the p-norm exponent ``a``:
+  float32 and float64 rows, p = 2, 3/2, 4/3 (``a`` = 1, 2, 3, the closed forms), where
+  numba imports. Other p, dtypes or hosts without numba take the pure-JAX path."""
+  from implicit_topk.kernels.cpu import registry
+  return (jnp.dtype(dtype) in registry.DTYPES and float(a) in (1.0, 2.0, 3.0)
+          and registry.available())
+
+
+def _jax_solution(rows, k, l, m, a):
+  """``(shift, offset, strength, cut)`` per row in JAX (:func:`_entries`, :func:`_solve`)."""
+  values, weights, cut = _entries(rows, k, m)
+  return (*_solve(k, l, values, weights, cut, a), cut)
+
+
+def _kernel_solution(rows, k, l, m, a):
+  """``(shift, offset, strength, cut)`` per row by the CPU kernel, one XLA FFI call."""
+  from implicit_topk.kernels.cpu import ffi, registry
+  _register_split_form()
+  result = jax.ShapeDtypeStruct(rows.shape[:-1], rows.dtype)
+  return ffi.call(registry.target("budget", rows.dtype), (result,) * 4, rows, k, l,
+                  a=np.float64(a), m=np.int32(m))
+
+
+def _split_solution(axis, attributes, rows, k, l):
+  """The kernel's results where the reduced axis is split over the mesh axes ``axis``
+  under ``jit`` (each device holds a block of every row): the JAX path with its row
+  maxima and counts ``pmax``'d and ``psum``'d over ``axis`` (no entry leaves its
+  device), as :mod:`implicit_topk.kernels.cpu.partitioning` runs each kernel with a
+  sharded form."""
+  a = float(attributes["a"])
+  a = int(a) if a.is_integer() else a
+  values, weights, cut = _entries_by_passes(rows, k, int(attributes["m"]), axis)
+  return (*_solve(k, l, values, weights, cut, a), cut)
+
+
+def _register_split_form() -> None:
+  from implicit_topk.kernels.cpu import partitioning
+  partitioning.SHARDED_FORMS.setdefault("budget", _split_solution)
+
+
+def _solution(rows, k, l, m, a, kernel):
+  """The kernel on CPU, the JAX path elsewhere, chosen when the program is lowered
+  (each branch lowered for its own platform only)."""
+  rows, k, l = (lax.stop_gradient(v) for v in (rows, k, l))
+  jax_path = functools.partial(_jax_solution, m=m, a=a)
+  if not kernel:
+    return jax_path(rows, k, l)
+  from implicit_topk.kernels.gpu import platform_select
+  return tuple(platform_select.platform_select(
+      (rows, k, l), {"cpu": functools.partial(_kernel_solution, m=m, a=a)}, jax_path))
 
 
 def _entries(rows, k, m):
@@ -109,16 +173,24 @@ def _entries(rows, k, m):
   return _entries_by_top_k(rows, k, m)
 
 
-def _entries_by_passes(rows, k, m):
+def _entries_by_passes(rows, k, m, axis=None):
   """The m+2 largest distinct values of each row and their counts, one masked maximum
-  per value; the group of the (m+1)-th largest entry and the next value below it."""
-  value = jnp.max(rows, axis=-1)  # NaN where the row has NaN
+  per value; the group of the (m+1)-th largest entry and the next value below it.
+  ``axis``: mesh axes the rows are split over (each device holds a block of every row;
+  the maxima and counts are ``pmax``'d and ``psum``'d over them)."""
+  row_max, row_count = (lambda v: jnp.max(v, axis=-1)), (lambda v: jnp.sum(v, axis=-1))
+  if axis is not None:
+    row_max = lambda v: lax.pmax(jnp.max(v, axis=-1), axis)
+    row_count = lambda v: lax.psum(jnp.sum(v, axis=-1), axis)
+  value = row_max(rows)  # NaN where the row has NaN (marked below where split)
+  if axis is not None:
+    value = jnp.where(row_count(jnp.isnan(rows)) > 0, jnp.nan, value)
   values, counts = [value], []
   for _ in range(m + 1):
-    counts.append(jnp.sum(rows == value[..., None], axis=-1).astype(rows.dtype))
-    value = jnp.max(jnp.where(rows < value[..., None], rows, -jnp.inf), axis=-1)
+    counts.append(row_count(rows == value[..., None]).astype(rows.dtype))
+    value = row_max(jnp.where(rows < value[..., None], rows, -jnp.inf))
     values.append(value)
-  counts.append(jnp.sum(rows == value[..., None], axis=-1).astype(rows.dtype))
+  counts.append(row_count(rows == value[..., None]).astype(rows.dtype))
   values, counts = jnp.stack(values, axis=-1), jnp.stack(counts, axis=-1)
   total = jnp.cumsum(counts, axis=-1)
   group = jnp.sum(total < m + 1, axis=-1)  # the group of the (m+1)-th largest entry
@@ -199,31 +271,33 @@ def _solve(k, l, values, weights, cut, a) -> _Solution:
   return _Solution(jnp.where(bad, 0.0, shift), offset, jnp.where(bad, jnp.nan, strength))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
-def _threshold(rows, k, l, values, weights, cut, a):
-  """``(shift, (lambda' - shift) / l', l')`` per row; derivatives by the implicit function
-  theorem (none for ``shift``, a constant origin)."""
-  del rows  # the derivatives need it
-  return tuple(_solve(k, l, values, weights, cut, a))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
+def _threshold(rows, k, l, m, a, kernel):
+  """``(shift, (lambda' - shift) / l', l', cut)`` per row; derivatives by the implicit
+  function theorem (none for ``shift``, a constant origin, nor for the cut's value,
+  which enters through the entries at it)."""
+  return tuple(_solution(rows, k, l, m, a, kernel))
 
 
 @_threshold.defjvp
-def _threshold_jvp(a, primals, tangents):
-  rows, k, l, values, weights, cut = primals
-  rows_dot, k_dot, l_dot = tangents[:3]
-  shift, offset, strength = _threshold(rows, k, l, values, weights, cut, a)  # higher orders
+def _threshold_jvp(m, a, kernel, primals, tangents):
+  rows, k, l = primals
+  rows_dot, k_dot, l_dot = tangents
+  shift, offset, strength, cut = _threshold(rows, k, l, m, a, kernel)  # higher orders
+  cut = lax.stop_gradient(cut)
   binds = strength < l
   d, dz = mask_tangent.slopes(PNORM, float(a), rows, offset * strength, shift, strength)
   total, total_z = jnp.sum(d, axis=-1), jnp.sum(dz, axis=-1)
   moved = jnp.sum(d * rows_dot, axis=-1)
-  at_cut = rows == lax.stop_gradient(cut)[..., None]
+  at_cut = rows == cut[..., None]
+  # (a float count: XLA:CPU sums an int count by a separate, slower reduce-window)
   cut_dot = (jnp.sum(jnp.where(at_cut, rows_dot, 0.0), axis=-1)
-             / jnp.maximum(jnp.sum(at_cut, axis=-1), 1).astype(rows.dtype))
+             / jnp.maximum(jnp.sum(at_cut.astype(rows.dtype), axis=-1), 1.0))
   ratio = lambda num, den: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
   delta_dot = jnp.where(binds, cut_dot, ratio(moved - total_z * l_dot - k_dot, total))
   strength_dot = jnp.where(binds, ratio(moved - total * cut_dot - k_dot, total_z), l_dot)
   undefined = jnp.isnan(strength)
   offset_dot = (delta_dot - offset * strength_dot) / strength  # of (lambda' - shift) / l'
-  return ((shift, offset, strength),
+  return ((shift, offset, strength, cut),
           (jnp.zeros_like(shift), jnp.where(undefined, jnp.nan, offset_dot),
-           jnp.where(undefined, jnp.nan, strength_dot)))
+           jnp.where(undefined, jnp.nan, strength_dot), jnp.zeros_like(cut)))

@@ -8,6 +8,7 @@ the argument checks."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -338,7 +339,7 @@ def test_the_budget_moves_the_gradient_to_the_cut_entry():
   assert g[2] != 0 and g[3] == 0 and g[4] == 0
 
 
-# -- the two ways to find the m+1 largest values -------------------------------------------
+# -- the two JAX ways to find the m+1 largest values -------------------------------------------
 
 
 @pytest.mark.parametrize("passes", [0, 10**9])  # lax.top_k / masked maxima
@@ -352,15 +353,174 @@ def test_top_k_and_masked_maxima_give_the_reference(passes, monkeypatch):
   k = jnp.full(x.shape[:1], 2.5)
   for l in (0.2, 5.0):
     f = jax.jit(lambda z, s: support_budget.budget_mask(z, k, jnp.full_like(k, s), 3,
-                                                        regularizers.PNorm(4.0 / 3.0)))
+                                                        regularizers.PNorm(4.0 / 3.0),
+                                                        kernel=False))
     y = np.asarray(f(jnp.asarray(x), l))
     np.testing.assert_allclose(y[:-2], reference(x[:-2], 2.5, l, 3), rtol=0, atol=1e-11)
     assert np.all(np.isnan(y[-2])) and np.all(np.isnan(y[-1]))  # NaN; k above the count
   weights = jnp.asarray(_rows(16, (4, 11)))  # the rows without ties (differentiable)
   g = lambda z: jnp.sum(weights * support_budget.budget_mask(
-      z, k[:4], jnp.full_like(k[:4], 5.0), 3, regularizers.PNorm(4.0 / 3.0)))
+      z, k[:4], jnp.full_like(k[:4], 5.0), 3, regularizers.PNorm(4.0 / 3.0), kernel=False))
   check_grads(g, (jnp.asarray(x[:4]),), order=1, modes=("rev",), eps=1e-6, atol=1e-6,
               rtol=1e-6)
+
+
+# -- the CPU kernel ---------------------------------------------------------------------
+
+
+def _hard_rows(m, scale=1.0):
+  """Rows of 2m+3 entries: random, ties at the cut (below it: the tie rule, and not),
+  +inf and -inf entries, a NaN, and the m+1 largest all tied."""
+  n = 2 * m + 3
+  rng = np.random.default_rng(m)
+  rows = [rng.normal(size=n), np.round(rng.normal(size=n) * 2) / 2]
+  tie = np.linspace(3.0, -3.0, n)
+  tie[1:m + 3] = 1.0  # the (m+1)-th largest tied with entries above and below it
+  rows.append(tie)
+  tie = tie.copy()
+  tie[m:m + 3] = tie[m - 1]  # ties straddling the m-th place
+  rows.append(tie)
+  inf = rng.normal(size=n)
+  inf[0], inf[-1], inf[-2] = np.inf, -np.inf, -np.inf
+  rows.append(inf)
+  nan = rng.normal(size=n)
+  nan[n // 2] = np.nan
+  rows.append(nan)
+  rows.append(np.full(n, 2.0))
+  return np.stack(rows) * scale
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _solution(x, k, l, m, a, kernel):
+  from implicit_topk import support_budget
+  solve = support_budget._kernel_solution if kernel else support_budget._jax_solution
+  return solve(x, k, l, m, a)
+
+
+def _kernel_and_jax(x, k, l, m, a, solve_dtype=None):
+  """``(shift, offset, strength, cut)`` of the kernel on ``x`` and of the JAX path on
+  ``x`` cast to ``solve_dtype`` (default: ``x``'s)."""
+  rows = x.shape[:-1]
+  k, l = float(x.dtype.type(k)), float(x.dtype.type(l))  # the same values for both
+  args = lambda dtype: (jnp.asarray(x, dtype), jnp.full(rows, k, dtype), jnp.full(rows, l, dtype))
+  kernel = _solution(*args(x.dtype), m, a, True)
+  jax_path = _solution(*args(solve_dtype or x.dtype), m, a, False)
+  return ([np.asarray(v, np.float64) for v in kernel],
+          [np.asarray(v, np.float64) for v in jax_path])
+
+
+def _assert_same_solution(kernel, jax_path, ulps, eps):
+  """Same cut and NaN rows; strengths and thresholds (in units of the strength) equal to
+  ``ulps`` units of ``eps``."""
+  (s1, o1, t1, c1), (s2, o2, t2, c2) = kernel, jax_path
+  np.testing.assert_array_equal(np.isnan(t1), np.isnan(t2))
+  ok = ~np.isnan(t2)
+  np.testing.assert_array_equal(c1[ok], c2[ok])
+  np.testing.assert_allclose(t1[ok], t2[ok], rtol=ulps * eps, atol=0)
+  # lambda' = shift + l' offset, in units of l': (shift1 - shift2) / l' + offset1 - offset2
+  with np.errstate(invalid="ignore"):
+    gap = (s1[ok] - s2[ok]) / t2[ok] + o1[ok] - o2[ok]
+  scale = 1.0 + np.abs(o2[ok]) + np.abs(s2[ok]) / t2[ok]
+  assert np.all(np.abs(gap) <= ulps * eps * scale), np.max(np.abs(gap) / scale / eps)
+
+
+@pytest.mark.parametrize("a", [3, 1, 2])
+def test_kernel_matches_the_jax_path_float64(a):
+  for m, scale in itertools.product((1, 3, 12), (1e-300, 1e-30, 1.0, 1e30, 1e300)):
+    x = _hard_rows(m, scale)
+    for frac, l_factor in itertools.product((1e-9, 0.5, 1 - 1e-9), (0.01, 1.0, 100.0)):
+      k = max(m - 1 + frac, 1e-9) if m > 1 else frac
+      kernel, jax_path = _kernel_and_jax(x, k, l_factor * scale, m, a)
+      _assert_same_solution(kernel, jax_path, 64, np.finfo(np.float64).eps)
+
+
+@pytest.mark.parametrize("a", [3, 1])
+def test_kernel_matches_the_jax_path_float32(a):
+  # float32 rows: the kernel solves in float64, so it matches the JAX path run in
+  # float64 on the same values, to the rounding of its float32 results
+  for m, scale in itertools.product((1, 3, 12), (1e-30, 1.0, 1e30)):
+    x = _hard_rows(m, scale).astype(np.float32)
+    for frac, l_factor in itertools.product((1e-6, 0.5, 1 - 1e-6), (0.01, 1.0, 100.0)):
+      k = max(m - 1 + frac, 1e-6) if m > 1 else frac
+      l = float(np.float32(l_factor * scale))
+      kernel, jax_path = _kernel_and_jax(x, k, l, m, a, solve_dtype=np.float64)
+      jax_path = [np.asarray(np.asarray(v, np.float32), np.float64) for v in jax_path]
+      _assert_same_solution(kernel, jax_path, 8, np.finfo(np.float32).eps)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, pytest.param(np.float32, marks=slow)])
+def test_kernel_against_the_reference(dtype):
+  """The kernel's mask (default on the CPU for float32 and float64) against the
+  independent reference, on rows with ties at the cut, infinities, n = m + 1, k near 0
+  and near m."""
+  from implicit_topk import regularizers, support_budget
+  reg = regularizers.PNorm(4.0 / 3.0)
+  tol = 1e-11 if dtype == np.float64 else 3e-6
+  for m, short in itertools.product((1, 3, 5), (False, True)):
+    x = (_rows(m, (3, m + 1)) if short else _hard_rows(m)[:5]).astype(dtype)  # n = m + 1
+    rows = jnp.asarray(x)
+    f = jax.jit(lambda z, k, l: support_budget.budget_mask(
+        z, jnp.full(z.shape[:-1], k, z.dtype), jnp.full(z.shape[:-1], l, z.dtype), m, reg,
+        kernel=True))
+    assert "implicit_topk_budget" in f.lower(rows, 1.0, 1.0).as_text()
+    for k, l in itertools.product((1e-6, 0.5 * m, m - 1e-6 if m > 1 else 0.7), (0.05, 3.0)):
+      y = np.asarray(f(rows, k, l), np.float64)
+      want = reference(np.asarray(x, np.float64), k, l, m)
+      np.testing.assert_allclose(y, want, rtol=0, atol=tol)
+      assert np.all(np.sum(y > 0, axis=-1)[:1] <= m)
+
+
+def test_the_kernel_serves_the_default_on_cpu_only_where_it_applies():
+  from implicit_topk import support_budget
+  x = jnp.asarray(_rows(0, (3, 9)))
+  text = lambda **kw: jax.jit(lambda z: itk.soft_topk_mask(
+      z, 1.5, max_support=3, **kw)).lower(x).as_text()
+  assert "implicit_topk_budget" in text()
+  assert "implicit_topk_budget" not in text(p=2.5)  # a = 2/3: the JAX path
+  assert not support_budget.kernel_applies(jnp.bfloat16, 3)
+
+
+_SPLIT_SCRIPT = """
+import re, sys
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, {tests!r})
+import implicit_topk as itk
+from device_checks import report, run_named_groups
+mesh = Mesh(np.array(jax.devices()), ("d",))
+rows = np.round(np.random.default_rng(1).normal(size=(16, 64)) * 2) / 2  # ties
+rows[3, 5], rows[4, 0] = np.nan, np.inf
+x = jnp.asarray(rows, jnp.float32)
+mask = lambda z: itk.soft_topk_mask(z, 2.5, regularization_strength=1.0, max_support=3)
+grad = jax.grad(lambda z: jnp.nansum(jnp.cos(z) * mask(z)))
+
+def run():
+  one = [np.asarray(jax.jit(f)(x)) for f in (mask, grad)]
+  for spec in (P(None, "d"), P("d", None)):
+    split = jax.device_put(x, NamedSharding(mesh, spec))
+    for f, want in zip((mask, grad), one):
+      got = np.asarray(jax.jit(f)(split))
+      text = jax.jit(f).lower(split).compile().as_text()
+      gathers = len(re.findall(r"all-gather[-a-z]*\\(", text))
+      close = np.array_equal(np.isnan(got), np.isnan(want)) and np.nanmax(np.abs(got - want)) < 1e-6
+      report(close and gathers == 0, f"{{spec}} {{'grad' if f is grad else 'fwd'}}",
+             f"{{gathers}} all-gather")
+
+sys.exit(run_named_groups({{"split": run}}, []))
+"""
+
+
+@slow
+def test_a_split_reduced_axis_is_not_gathered(tmp_path):
+  """Under jit with the reduced axis split over 8 host devices, the kernel's call runs
+  the JAX path with pmax/psum on each device's block: no all-gather, the values of one
+  device; with the batch split, the kernel per device."""
+  import pathlib
+  import device_checks
+  script = tmp_path / "split_budget.py"
+  script.write_text(_SPLIT_SCRIPT.format(tests=str(pathlib.Path(__file__).parent)))
+  lines = device_checks.run_script(script, timeout=900)
+  assert lines.count("OK  ") == 4, lines
 
 
 # -- the pytree form --------------------------------------------------------------------
@@ -399,7 +559,9 @@ def test_jit_vmap_jvp_and_export():
   np.testing.assert_allclose(jnp.vdot(forward, cotangent), jnp.vdot(pullback(cotangent)[0],
                                                                      tangent), rtol=1e-12)
   from jax import export
-  exported = export.export(jax.jit(jax.grad(lambda z: jnp.sum(f(z) * tangent))))(x)
+  # the CPU kernel's custom call: exported as the library's other kernels are
+  exported = export.export(jax.jit(jax.grad(lambda z: jnp.sum(f(z) * tangent))),
+                           disabled_checks=itk.export_safety_checks())(x)
   again = export.deserialize(exported.serialize())
   np.testing.assert_allclose(again.call(x), jax.grad(lambda z: jnp.sum(f(z) * tangent))(x),
                              atol=1e-15)

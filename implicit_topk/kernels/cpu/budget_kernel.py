@@ -1,0 +1,326 @@
+r"""The ``max_support`` kernel: per row, the threshold and strength of the budgeted p-norm mask.
+
+One pass over each row keeps its m+1 largest entries in a small sorted buffer (an
+entry at most the buffer's smallest costs one comparison, the others a branch-free
+insertion); only a row with fewer than
+k entries strictly above the (m+1)-th largest (the tie rule) reads the row again. Then, on those m+1 values
+in float64, the steps of :func:`implicit_topk.support_budget._solve`: the tie rule, the
+crossing strength :math:`l^\star` and the plain threshold in the closed forms of
+:mod:`implicit_topk._budget_pieces` (p = 2, 3/2, 4/3: :math:`a = 1, 2, 3`; other p
+stay in JAX). Writes per row ``(shift, offset, strength, cut)`` as ``_solve`` defines
+them; the mask and its derivatives are computed in JAX from these.
+
+The XLA FFI handlers ``budget_f32`` / ``budget_f64``: ``x`` (..., n), ``k`` (...),
+``l`` (...) of one float dtype, scalar attributes ``a`` (float64) and ``m`` (int32) ->
+``shift, offset, strength, cut`` (...), built by :mod:`~implicit_topk.kernels.cpu.registry`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import carray, njit
+
+from implicit_topk.kernels.cpu import abi
+
+_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
+_INF = np.inf
+
+
+@njit(**_OPTIONS)
+def _mask(u, a):
+  r""":math:`\min(1, u_+)^a` (``a`` = 1, 2, 3)."""
+  u = min(max(u, 0.0), 1.0)
+  return u if a == 1.0 else (u * u if a == 2.0 else u * u * u)
+
+
+@njit(**_OPTIONS)
+def _largest(row, m, top):
+  """The m+1 largest entries of ``row`` into ``top``, descending (``-inf`` past the
+  row's length); False where the row has NaN. An entry above the buffer's smallest
+  goes in without branches (``top[j] = max(top[j], min(top[j-1], v))`` from the end:
+  a shift of the smaller values by one); the others cost one comparison."""
+  for j in range(m + 1):
+    top[j] = -_INF
+  nan = False
+  for i in range(row.shape[0]):
+    v = float(row[i])
+    nan |= v != v
+    if v > top[m]:
+      for j in range(m, 0, -1):
+        top[j] = max(top[j], min(top[j - 1], v))
+      top[0] = max(top[0], v)
+  return not nan
+
+
+@njit(**_OPTIONS)
+def _entries(row, top, m, k, values, weights):
+  """``values`` (distinct, descending, ``-inf`` past them) and ``weights`` (their
+  counts) above the cut of the tie rule (``support_budget._entries``); returns the cut.
+  Where fewer than ``k`` entries lie strictly above the (m+1)-th largest ``c``, one more
+  pass over the row counts the entries at ``c`` (which enter together) and finds the
+  next value below it, the cut."""
+  c = top[m]
+  above = 0
+  while above < m and top[above] > c:
+    above += 1
+  for j in range(m + 1):
+    values[j], weights[j] = -_INF, 0.0
+  size = 0
+  for j in range(above):  # the distinct values above c with their counts
+    if size > 0 and top[j] == values[size - 1]:
+      weights[size - 1] += 1.0
+    else:
+      values[size], weights[size] = top[j], 1.0
+      size += 1
+  if not above < k:
+    return c
+  at, below = 0.0, -_INF
+  for i in range(row.shape[0]):
+    v = float(row[i])
+    if v == c:
+      at += 1.0
+    elif v < c and v > below:
+      below = v
+  values[size], weights[size] = c, at
+  return below
+
+
+@njit(**_OPTIONS)
+def _mask_sum(values, weights, cut, l, a):
+  r""":math:`S(l) = \sum_i w_i\,g((v_i - c) / l)` (``_budget_pieces.mask_sum``)."""
+  total = 0.0
+  for i in range(values.shape[0]):
+    gap = values[i] - cut
+    if weights[i] > 0.0 and gap > 0.0:
+      total += weights[i] * _mask(gap / l, a)
+  return total
+
+
+@njit(**_OPTIONS)
+def _crossing_strength(values, weights, cut, target, a):
+  r""":math:`l^\star` of ``_budget_pieces.crossing_strength`` on the gaps
+  :math:`d_i = v_i - c` (finite, positive, weight > 0)."""
+  if target <= 0.0:
+    return _INF
+  size = values.shape[0]
+  before, left, smallest, weight_sum = 0.0, _INF, _INF, 0.0
+  for j in range(size):
+    dj = values[j] - cut
+    if not (weights[j] > 0.0 and dj > 0.0 and dj < _INF):
+      left = _INF
+      continue
+    incl, inv = 0.0, 1.0 / dj  # M_j
+    for i in range(j, size):
+      di = values[i] - cut
+      if weights[i] > 0.0 and di > 0.0 and di < _INF:
+        r = di * inv
+        incl += weights[i] * (r if a == 1.0 else (r * r if a == 2.0 else r * r * r))
+    if before + incl > target:
+      # the first piece past K gives the largest value (the later ones are clipped below
+      # d_J <= this one): the maximum of _budget_pieces.crossing_strength
+      room = target - before
+      if not room > 0.0:
+        return left
+      r = incl / room
+      root = r if a == 1.0 else (math.sqrt(r) if a == 2.0 else np.cbrt(r))
+      return min(max(dj * root, dj), left)
+    before += weights[j]
+    weight_sum += weights[j]
+    smallest = min(smallest, dj)
+    left = dj
+  return smallest if weight_sum >= target else np.nan
+
+
+@njit(**_OPTIONS)
+def _breakpoint(which, values, q, cut, size):
+  """``(anchor, base)`` of breakpoint ``which`` (``v_j``, ``v_j - l`` or the cut)."""
+  if which == 2 * size:
+    return (cut if abs(cut) < _INF else 0.0), 0.0
+  entry = which if which < size else which - size
+  anchor = values[entry] if q[entry] == q[entry] else 0.0
+  return anchor, (-1.0 if which >= size else 0.0)
+
+
+@njit(**_OPTIONS)
+def _threshold(values, weights, cut, l, target, a, q):
+  r"""``(anchor, offset)`` of ``_budget_pieces.threshold``: :math:`\lambda = ` anchor +
+  l offset with :math:`\sum_i w_i\,g((v_i - \lambda)/l) = K`, :math:`\lambda \ge c`;
+  ``q`` is scratch (m+1; NaN marks an entry that is not used)."""
+  size = values.shape[0]
+  largest = -_INF
+  for i in range(size):
+    if weights[i] > 0.0 and abs(values[i]) < _INF:
+      largest = max(largest, values[i])
+  origin = largest if largest > -_INF else 0.0
+  for i in range(size):
+    q[i] = (values[i] - origin) / l if weights[i] > 0.0 and abs(values[i]) < _INF else np.nan
+  finite_cut = abs(cut) < _INF
+  q_cut = (cut - origin) / l if finite_cut else 0.0
+  lo, hi, which = -_INF, _INF, 0
+  found = False
+  # F at every breakpoint, in the order of _budget_pieces.threshold (enter, saturate, cut)
+  for b in range(2 * size + 1):
+    if b < 2 * size:
+      j = b if b < size else b - size
+      if q[j] != q[j]:
+        continue
+      point = q[j] if b < size else q[j] - 1.0
+      f = 0.0
+      for i in range(size):
+        if q[i] != q[i]:
+          continue
+        if b < size:
+          if i < j:
+            f += weights[i] * _mask(q[i] - q[j], a)
+        elif i <= j:
+          f += weights[i]
+        else:
+          f += weights[i] * _mask(q[i] - q[j] + 1.0, a)
+    else:
+      if not finite_cut:
+        continue
+      point = q_cut
+      f = 0.0
+      for i in range(size):
+        if q[i] == q[i]:
+          f += weights[i] * _mask(q[i] - q_cut, a)
+    if f >= target:
+      if not found or point > lo:
+        lo, which = point, b
+      found = True
+    else:
+      hi = min(hi, point)
+  if not found:
+    return 0.0, np.nan
+  anchor, base = _breakpoint(which, values, q, cut, size)
+  saturated, total, mean = 0.0, 0.0, 0.0
+  for i in range(size):
+    if q[i] == q[i] and q[i] - 1.0 >= hi:
+      saturated += weights[i]
+  rest = target - saturated
+  for i in range(size):  # the active entries: e_i = (v_i - anchor)/l - base
+    if q[i] == q[i] and q[i] > lo and not q[i] - 1.0 >= hi:
+      total += weights[i]
+      mean += weights[i] * max((values[i] - anchor) / l - base, 0.0)
+  width = hi - lo if hi < _INF else 0.0
+  delta = 0.0
+  if total > 0.0:
+    mean /= total
+    if a == 1.0:
+      delta = mean - rest / total
+    else:
+      spread, third = 0.0, 0.0
+      for i in range(size):
+        if q[i] == q[i] and q[i] > lo and not q[i] - 1.0 >= hi:
+          c = max((values[i] - anchor) / l - base, 0.0) - mean
+          spread += weights[i] * c * c
+          third += weights[i] * (c * c * c)
+      if a == 2.0:
+        y = math.sqrt(max(rest - spread, 0.0) / total)
+      else:  # a == 3: Cardano, y = A - P / (3 A)
+        p_ = 3.0 * spread / total
+        q_ = (third - rest) / total
+        root = np.cbrt(0.5 * abs(q_) + math.sqrt(0.25 * q_ * q_ + p_ * p_ * p_ / 27.0))
+        big_a = -root if q_ > 0.0 else root
+        y = big_a - p_ / (3.0 * big_a) if big_a != 0.0 else 0.0
+      delta = mean - y
+    delta = min(max(delta, 0.0), width)
+  return anchor, (base + delta if target >= 0.0 else np.nan)
+
+
+@njit(**_OPTIONS)
+def _solve(values, weights, cut, k, l, a, q):
+  """``(shift, offset, strength)`` of ``support_budget._solve`` for one row."""
+  target = k
+  for i in range(values.shape[0]):
+    if values[i] == _INF:
+      target -= weights[i]
+      weights[i] = 0.0
+    elif not abs(values[i]) < _INF:
+      weights[i] = 0.0
+  finite_cut = abs(cut) < _INF
+  binds = False
+  l_star = _INF
+  if finite_cut and _mask_sum(values, weights, cut, l, a) < target:
+    l_star = _crossing_strength(values, weights, cut, target, a)
+    binds = l > l_star
+  if binds:
+    shift, offset, strength = cut, 0.0, l_star
+  else:
+    shift, offset = _threshold(values, weights, cut, l, target, a, q)
+    if finite_cut and offset == offset:
+      offset = max(offset, (cut - shift) / l)
+    strength = l
+  if k != k or l != l or target < 0.0 or (not binds and offset != offset):
+    return 0.0, offset, np.nan
+  return shift, offset, strength
+
+
+@njit(**_OPTIONS)
+def budget_rows(x, k, l, m, a, shift, offset, strength, cut):
+  """Every row of ``x`` (rows, n): ``(shift, offset, strength, cut)`` per row. Returns 0."""
+  rows = x.shape[0]
+  top, values, weights, q = np.empty(m + 1), np.empty(m + 1), np.empty(m + 1), np.empty(m + 1)
+  for b in range(rows):
+    if not _largest(x[b], m, top):  # NaN in the row
+      shift[b], offset[b], strength[b], cut[b] = 0.0, np.nan, np.nan, np.nan
+      continue
+    c = _entries(x[b], top, m, float(k[b]), values, weights)
+    s, o, t = _solve(values, weights, c, float(k[b]), float(l[b]), a, q)
+    shift[b], offset[b], strength[b], cut[b] = s, o, t, c
+  return 0
+
+
+# -- the FFI handlers --------------------------------------------------------------
+_BAD_ARGUMENTS = abi.message(
+    "implicit_topk budget kernel: expected x (..., n), k (...), l (...) of one float "
+    "dtype, scalar attributes a (float64) and m (int32); results shift, offset, "
+    "strength, cut (...)")
+
+
+@njit(inline="always", **_OPTIONS)
+def _per_row(buf, sample, rows):
+  return carray(abi.typed_pointer(abi.buffer_data(buf), sample), (rows,))
+
+
+@njit(inline="always", **_OPTIONS)
+def _budget_call(frame, sample):
+  if abi.handler_prologue(frame):
+    return abi.null()
+  code = abi.dtype_code(sample)
+  a_at, m_at = abi.scalar_attribute(frame, 97, abi.FLOAT64), abi.scalar_attribute(frame, 109, abi.INT32)
+  if abi.count(frame, False) != 3 or abi.count(frame, True) != 4 or a_at == 0 or m_at == 0:
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  xb = abi.buffer(frame, False, 0)
+  rank = abi.buffer_rank(xb)
+  if rank < 1:
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  n = abi.buffer_dim(xb, rank - 1)
+  kb, lb = abi.buffer(frame, False, 1), abi.buffer(frame, False, 2)
+  rows = abi.size(xb) // n if n > 0 else abi.size(kb)
+  ok = abi.buffer_dtype(xb) == code and abi.has(kb, code, rows) and abi.has(lb, code, rows)
+  for r in range(4):
+    ok = ok and abi.has(abi.buffer(frame, True, r), code, rows)
+  m = abi.load32(m_at)
+  if not ok or m < 1:
+    return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
+  x = carray(abi.typed_pointer(abi.buffer_data(xb), sample), (rows, n))
+  a = carray(abi.typed_pointer(a_at, np.float64(0)), (1,))[0]
+  if budget_rows(x, _per_row(kb, sample, rows), _per_row(lb, sample, rows), m, a,
+                 _per_row(abi.buffer(frame, True, 0), sample, rows),
+                 _per_row(abi.buffer(frame, True, 1), sample, rows),
+                 _per_row(abi.buffer(frame, True, 2), sample, rows),
+                 _per_row(abi.buffer(frame, True, 3), sample, rows)) != 0:
+    return abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
+  return abi.null()
+
+
+def budget_f32(frame):
+  return _budget_call(frame, np.float32(0))
+
+
+def budget_f64(frame):
+  return _budget_call(frame, np.float64(0))
