@@ -145,6 +145,28 @@ def _breakpoint(which, values, q, cut, size):
 
 
 @njit(**_OPTIONS)
+def _value_at(b, q, weights, q_cut, a):
+  """F at breakpoint ``b`` of :func:`_threshold` (entry ``b`` entering, entry ``b - size``
+  saturating, or the cut), from the entries above it (the others are 0 or 1)."""
+  size = q.shape[0]
+  f = 0.0
+  if b < size:
+    for i in range(b):
+      if q[i] == q[i]:
+        f += weights[i] * _mask(q[i] - q[b], a)
+  elif b < 2 * size:
+    j = b - size
+    for i in range(size):
+      if q[i] == q[i]:
+        f += weights[i] if i <= j else weights[i] * _mask(q[i] - q[j] + 1.0, a)
+  else:
+    for i in range(size):
+      if q[i] == q[i]:
+        f += weights[i] * _mask(q[i] - q_cut, a)
+  return f
+
+
+@njit(**_OPTIONS)
 def _threshold(values, weights, cut, l, target, a, q):
   r"""``(anchor, offset)`` of ``_budget_pieces.threshold``: :math:`\lambda = ` anchor +
   l offset with :math:`\sum_i w_i\,g((v_i - \lambda)/l) = K`, :math:`\lambda \ge c`;
@@ -159,42 +181,35 @@ def _threshold(values, weights, cut, l, target, a, q):
     q[i] = (values[i] - origin) / l if weights[i] > 0.0 and abs(values[i]) < _INF else np.nan
   finite_cut = abs(cut) < _INF
   q_cut = (cut - origin) / l if finite_cut else 0.0
-  lo, hi, which = -_INF, _INF, 0
-  found = False
-  # F at every breakpoint, in the order of _budget_pieces.threshold (enter, saturate, cut)
-  for b in range(2 * size + 1):
-    if b < 2 * size:
-      j = b if b < size else b - size
-      if q[j] != q[j]:
-        continue
-      point = q[j] if b < size else q[j] - 1.0
-      f = 0.0
-      for i in range(size):
-        if q[i] != q[i]:
-          continue
-        if b < size:
-          if i < j:
-            f += weights[i] * _mask(q[i] - q[j], a)
-        elif i <= j:
-          f += weights[i]
-        else:
-          f += weights[i] * _mask(q[i] - q[j] + 1.0, a)
+  # F at the breakpoints from the largest down (F grows as lambda falls): lo is the first
+  # with F >= K and hi the one before it, as _budget_pieces.threshold finds them among all
+  # (ties in its order: entering, saturating, the cut)
+  lo, hi, which = -_INF, _INF, -1
+  enter, saturate, cut_left = 0, 0, finite_cut
+  while True:
+    while enter < size and q[enter] != q[enter]:
+      enter += 1
+    while saturate < size and q[saturate] != q[saturate]:
+      saturate += 1
+    point, b = -_INF, -1
+    if enter < size:
+      point, b = q[enter], enter
+    if saturate < size and (b < 0 or q[saturate] - 1.0 > point):
+      point, b = q[saturate] - 1.0, size + saturate
+    if cut_left and (b < 0 or q_cut > point):
+      point, b = q_cut, 2 * size
+    if b < 0:
+      return 0.0, np.nan  # no threshold
+    if _value_at(b, q, weights, q_cut, a) >= target:
+      lo, which = point, b
+      break
+    hi = point
+    if b < size:
+      enter += 1
+    elif b < 2 * size:
+      saturate += 1
     else:
-      if not finite_cut:
-        continue
-      point = q_cut
-      f = 0.0
-      for i in range(size):
-        if q[i] == q[i]:
-          f += weights[i] * _mask(q[i] - q_cut, a)
-    if f >= target:
-      if not found or point > lo:
-        lo, which = point, b
-      found = True
-    else:
-      hi = min(hi, point)
-  if not found:
-    return 0.0, np.nan
+      cut_left = False
   anchor, base = _breakpoint(which, values, q, cut, size)
   saturated, total, mean = 0.0, 0.0, 0.0
   for i in range(size):
