@@ -253,13 +253,15 @@ def _solve(k, l, values, weights, cut, a) -> _Solution:
                    values - jnp.where(finite_cut, cut, 0.0)[..., None], 0.0)
   # S(l) < k: the plain mask would exceed the budget (proofs/support_budget.md, 1)
   over = finite_cut & (_budget_pieces.mask_sum(gaps, weights, l, a) < target)
+  # (the skipped branches' values from `target`, which varies over shard_map's axes
+  # as the rows do: cond needs the same types from both branches)
   l_star = lax.cond(jnp.any(over),
                     lambda: _budget_pieces.crossing_strength(gaps, weights, target, a),
-                    lambda: jnp.full_like(l, jnp.inf))
+                    lambda: jnp.full_like(target, jnp.inf))
   binds = finite_cut & (l > l_star)
   anchor, offset = lax.cond(jnp.any(~binds),
                             lambda: _budget_pieces.threshold(values, weights, cut, l, target, a),
-                            lambda: (jnp.zeros_like(l), jnp.zeros_like(l)))
+                            lambda: (jnp.zeros_like(target), jnp.zeros_like(target)))
   # The origin of the threshold: the cut where the budget binds (then lambda' = c
   # exactly), else a value next to the plain threshold (lambda - anchor is of order l).
   shift = jnp.where(binds, cut, anchor)

@@ -567,6 +567,17 @@ def test_jit_vmap_jvp_and_export():
                              atol=1e-15)
 
 
+def test_inside_shard_map_over_the_batch():
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array(jax.devices()[:1]), ("b",))
+  x = jnp.asarray(_rows(7, (4, 9)))
+  f = lambda z: itk.soft_topk_mask(z, 2.0, regularization_strength=2.0, max_support=3)
+  g = jax.grad(lambda z: jnp.sum(jnp.cos(z) * f(z)))
+  for fn in (f, g):
+    mapped = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("b"), out_specs=P("b")))
+    np.testing.assert_allclose(mapped(x), fn(x), rtol=0, atol=1e-14)
+
+
 def test_return_info_reports_the_residual():
   x = jnp.asarray(_rows(7, (6, 9)))
   y, info = itk.soft_topk_mask(x, 2.5, max_support=3, return_info=True)
