@@ -184,9 +184,11 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)
   l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), row_shape)
   if max_support is not None and _budget_applies(max_support, rows):
-    # one top_k and two small problems on its values; no solver runs
+    # the m+1 largest values of each row and two small problems on them, by the budget
+    # kernel on CPU where the solver is a compiled one (native, pav), else in JAX
     y = support_budget.budget_mask(rows, k_rows, l_rows, max_support,
-                                   solver.problem.regularizer)
+                                   solver.problem.regularizer,
+                                   kernel=_compiled_on_cpu(solver))
     state = _solvers_base.RootState(iter_num=jnp.zeros(row_shape, jnp.int32),
                                     residual=jax.lax.stop_gradient(jnp.abs(y.sum(-1) - k_rows)))
   else:  # without a budget, or rows of at most max_support entries (it never binds)
@@ -364,10 +366,18 @@ def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: Array
              standardize=_power(standardize))
 
 
+def _compiled_on_cpu(solver) -> bool:
+  """Whether ``solver`` runs a compiled (numba) kernel on CPU: then ``max_support`` takes
+  the budget kernel there too; a pure-JAX solver (threshold, dykstra) compiles none."""
+  for_platform = getattr(solver, "for_platform", None)
+  cpu = for_platform("cpu") if for_platform is not None else solver
+  return cpu.name in ("native", "pav")
+
+
 def _solve_tree(tree, k, l, *, solver, return_info, standardize=None, max_support=None):
   leaves, treedef = jax.tree.flatten(tree)
   dtype = _validation.compute_dtype(jnp.result_type(*leaves))
-  if max_support is not None:  # one row of all the entries: one lax.top_k over them
+  if max_support is not None:  # one row of all the entries: one selection over them
     row = jnp.concatenate([leaf.astype(dtype).ravel() for leaf in leaves])
     flat, state = _solve(solver.with_layout(_layout.LastAxis()), row, k, l, return_info=True,
                          standardize=standardize, max_support=max_support)

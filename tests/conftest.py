@@ -114,7 +114,7 @@ def pytest_collection_modifyitems(config, items):
 # builds them first, once, in parallel processes (the default run: the default solver's
 # kernels; `-m slow`: every kernel), so that the workers load them from disk.
 # IMPLICIT_TOPK_TEST_WARM_KERNELS=off skips it.
-_DEFAULT_RUN_FAMILIES = ("capped_simplex", "magnitude")
+_DEFAULT_RUN_FAMILIES = ("capped_simplex", "magnitude", "budget")
 
 
 def _kernels_to_warm(config):

@@ -6,7 +6,9 @@ one dtype, named ``implicit_topk_<family>_<dtype>``. Nothing is compiled when
 ``implicit_topk`` is imported: :func:`ensure` compiles a handler when a call of it is
 first traced (numba caches the machine code on disk, ``cache=True``: in
 ``__pycache__`` beside the source, or numba's user cache directory where that is
-read-only, so a later process loads it in a fraction of a second). A process that
+read-only, so a later process loads it in a fraction of a second; numba keys that cache
+on each function's own file, and :mod:`~implicit_topk.kernels.cpu.cache_stamp` drops
+what a changed dependency made stale). A process that
 only runs an exported function traces nothing; it calls
 :func:`implicit_topk.register_kernels` (with the exported function, to build just
 the targets it calls).
@@ -26,6 +28,8 @@ import time
 from typing import Any, Callable, Iterable
 
 import numpy as np
+
+from implicit_topk.kernels.cpu import cache_stamp
 
 _LOGGER = logging.getLogger("implicit_topk")
 PREFIX = "implicit_topk_"
@@ -114,6 +118,7 @@ def ensure(name: str) -> None:
   with _BUILD_LOCK:
     if name in _REGISTERED:
       return
+    cache_stamp.refresh()  # once per process: no stale machine code from numba's cache
     handler = build_announced(name, solver,
                               lambda: _compile(module_name, entry.format(_SUFFIX[dtype])))
     register_handler(name, handler)
