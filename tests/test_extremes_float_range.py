@@ -204,9 +204,10 @@ def test_rows_at_the_ends_of_the_float_range(family, dtype, solver):
 @pytest.mark.parametrize("solver", SOLVERS)
 @pytest.mark.parametrize("p", P_VALUES)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_sweep(solver, p, dtype, seed):
-  """Every family, rows of 3 to 17 entries, p = 4/3, 2 and 1.5."""
+  """Every family, rows of 3 to 17 entries, p = 4/3, 2 and 1.5 (two draws of the row
+  lengths and rows per case: a third cost CI ~1 minute and found nothing the two did not)."""
   for family in FAMILIES:
     rng = np.random.default_rng([seed, FAMILIES.index(family), np.dtype(dtype).itemsize, 7])
     n = int(rng.integers(3, 18))
