@@ -104,7 +104,10 @@ _SLOW_ROWS = (
 
 
 # One worker runs them all: each compiles the kernel's entry for calls from Python (about
-# 50 s on a cold numba cache), which two workers did at the same time.
+# 50 s on a cold numba cache), which two workers did at the same time. In the slow group:
+# that compilation was a fifth of the default run's time on one worker; the default run
+# checks the lanes' results against the reference (test_router_blocks_match_the_reference).
+@pytest.mark.slow
 @pytest.mark.xdist_group("native_lanes_bits")
 @pytest.mark.parametrize("n", [8, 64])
 @pytest.mark.parametrize("a", [3.0, 1.0])
