@@ -21,6 +21,7 @@ import os
 import pathlib
 import re
 import threading
+from typing import Any
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _PACKAGE = "implicit_topk.kernels.cpu"
@@ -73,7 +74,8 @@ def _cache_directory(directory: pathlib.Path) -> pathlib.Path | None:
   def probe():  # numba's locators read a function's first line number only
     pass
   source = str(directory / "registry.py")
-  for locator_class in caching.CacheImpl._locator_classes:  # pylint: disable=protected-access
+  locator_classes: list[Any] = list(caching.CacheImpl._locator_classes)  # pylint: disable=protected-access
+  for locator_class in locator_classes:
     try:
       locator = locator_class.from_function(probe, source)
     except Exception:  # pylint: disable=broad-except
