@@ -162,9 +162,11 @@ def soft_topk_mask(
       the threshold and ``l*`` in closed form on those values (on CPU one compiled
       kernel, one pass over each row, for float32/float64 and p = 2, 3/2, 4/3; else
       JAX: ``lax.top_k`` or ``m + 2`` masked maxima), and the mask of the row
-      elementwise; no solver runs, so ``solver``, ``diff``, ``tol``, ``maxiter`` and
-      ``implicit_diff_backend`` do not apply (rows of at most ``m`` entries, which
-      never bind, use the solver). ``where``, ``standardize``, NaN and infinite
+      elementwise; no solver runs, so ``diff``, ``tol``, ``maxiter`` and
+      ``implicit_diff_backend`` do not apply, and ``solver`` only decides whether the
+      CPU kernel is used (the compiled solvers, ``auto``, ``native``, ``pav``) or the
+      JAX path (``threshold``, ``dykstra``: nothing compiled by numba); rows of at most
+      ``m`` entries, which never bind, use the solver. ``where``, ``standardize``, NaN and infinite
       entries, every dtype, ``jit`` (a reduced axis split over devices stays split),
       ``vmap``, forward and reverse mode (higher orders too) and ``jax.export`` (with
       :func:`implicit_topk.export_safety_checks`, like the default solver) work as

@@ -23,8 +23,9 @@ closed form on its piece, O(m^2) per row), then the mask of the whole row at
 first two steps are one compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`:
 one pass over each row, then the closed forms in float64); elsewhere they are JAX (one
 ``lax.top_k``, or over short rows ``m + 2`` passes of a masked maximum that also count
-each value), chosen when the program is lowered. No solver runs (whatever ``solver=``
-says), and no n x n or n x m intermediate. Under ``jit`` with the reduced axis split
+each value), chosen when the program is lowered. No solver runs (``solver=`` only
+decides whether the CPU kernel is used: for the compiled solvers), and no n x n or
+n x m intermediate. Under ``jit`` with the reduced axis split
 over devices, each device runs the JAX passes on its block with ``pmax``/``psum``.
 
 Ties: a symmetric operator cannot split a tie. Where fewer than ``k`` entries lie
