@@ -170,8 +170,8 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   ``excluded_value`` (never selected) and are returned as exactly 0. ``standardize``
   (None or a power ``a``): the strength is ``l`` times each row's standard deviation
   to the power ``a`` (:func:`implicit_topk._standardize.row_spread`). ``max_support``
-  (None or an int ``m``; whole rows, p-norms): the mask at the largest strength at most
-  ``l`` whose mask has at most ``m`` nonzero entries, from the row's ``m + 1`` largest
+  (None or an int ``m``; whole rows or segments, p-norms): the mask at the largest strength
+  at most ``l`` whose mask has at most ``m`` nonzero entries, from the row's ``m + 1`` largest
   values without the solver (:mod:`implicit_topk.support_budget`; ``return_info`` then
   reports 0 passes).
   """
@@ -186,11 +186,12 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   if max_support is not None and _budget_applies(max_support, rows):
     # the m+1 largest values of each row and two small problems on them, by the budget
     # kernel on CPU where the solver is a compiled one (native, pav), else in JAX
+    # (segments: m + 2 segment maxima, in JAX)
     y = support_budget.budget_mask(rows, k_rows, l_rows, max_support,
                                    solver.problem.regularizer,
-                                   kernel=_compiled_on_cpu(solver))
+                                   kernel=_compiled_on_cpu(solver), layout=layout)
     state = _solvers_base.RootState(iter_num=jnp.zeros(row_shape, jnp.int32),
-                                    residual=jax.lax.stop_gradient(jnp.abs(y.sum(-1) - k_rows)))
+                                    residual=jax.lax.stop_gradient(jnp.abs(layout.sum(y) - k_rows)))
   else:  # without a budget, or rows of at most max_support entries (it never binds)
     y, state = solver.solve_and_map(rows, k_rows, l_rows)
   # A traced l is not checked: l <= 0, l >= max_strength (or NaN) gives NaN rows, never a
@@ -205,7 +206,7 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
 
 def _budget_applies(max_support: int, rows: Any) -> bool:
   """Whether rows of ``rows`` can exceed ``max_support`` entries (a symbolic length is
-  taken to be longer)."""
+  taken to be longer; a segment is at most the whole axis)."""
   n = _static(rows.shape[-1])
   return n is None or max_support < n
 
@@ -323,12 +324,14 @@ def threshold_operator(solver: Any, x: ArrayLike, k: ArrayLike, l: ArrayLike, *,
 def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: ArrayLike,
                      l: ArrayLike, *, num_segments: int | None, axis: int = -1,
                      indices_are_sorted: bool = False, return_info: bool = False,
-                     standardize: float | None = None) -> Any:
+                     standardize: float | None = None, max_support: int | None = None) -> Any:
   """Validates a segmented input and solves one threshold per segment along ``axis``.
 
   ``segment_ids``: integers of shape ``(x.shape[axis],)`` in ``[0, num_segments)``;
   ``k`` and ``l`` broadcast to ``batch + (num_segments,)``; concrete ``k`` is checked
-  against each segment's size. Returns what :func:`threshold_operator` returns.
+  against each segment's size. ``max_support``: at most that many nonzero entries per
+  segment (p-norm masks; :mod:`implicit_topk.support_budget` on each segment). Returns
+  what :func:`threshold_operator` returns.
   """
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
@@ -357,13 +360,16 @@ def segment_operator(solver: Any, x: ArrayLike, segment_ids: ArrayLike, k: Array
   if ids is not None:
     sizes = np.bincount(ids, minlength=num_segments)
     _validation.check_k_per_row(k, sizes, "the size of its segment")
+  if max_support is not None:
+    support_budget.check_max_support(max_support, _validation.concrete(k),
+                                     solver.problem.regularizer)
   _validation.check_strength(l, x.dtype, STRENGTH)
   layout = _layout.Segments(num_segments, indices_are_sorted=bool(indices_are_sorted))
   solver = solver.with_layout(layout)
   k, l = as_parameter(k, x.dtype), as_parameter(l, x.dtype)
   run = _solve_rows_jit if _hashable(solver) else _solve_rows
   return run(x, k, l, None, segment_ids, solver=solver, axis=axis, return_info=return_info,
-             standardize=_power(standardize))
+             standardize=_power(standardize), max_support=max_support)
 
 
 def _compiled_on_cpu(solver) -> bool:

@@ -236,6 +236,7 @@ def segment_soft_topk_mask(
     implicit_diff_backend: str = "lax",
     return_info: bool = False,
     standardize: bool = False,
+    max_support: int | None = None,
     l: ArrayLike | None = None,
 ) -> Union[jax.Array, tuple[jax.Array, solvers.RootState]]:
   r"""Soft top-k mask within each segment of ``axis`` (ragged rows, no padding).
@@ -335,7 +336,8 @@ def segment_soft_topk_mask(
   return _apply.segment_operator(solver_obj, x, segment_ids, k, l, num_segments=num_segments,
                                  axis=axis, indices_are_sorted=indices_are_sorted,
                                  return_info=return_info,
-                                 standardize=_MASK_SCALE_POWER if standardize else None)
+                                 standardize=_MASK_SCALE_POWER if standardize else None,
+                                 max_support=max_support)
 
 
 def tree_soft_topk_mask(

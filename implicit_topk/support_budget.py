@@ -55,6 +55,7 @@ import numpy as np
 
 from implicit_topk import _budget_pieces
 from implicit_topk.kernels.cpu.kinds import PNORM
+from implicit_topk.problems import layout as _layout
 from implicit_topk.solvers import mask_tangent
 
 
@@ -85,7 +86,7 @@ def check_max_support(max_support, k_value, regularizer) -> int:
 _PASSES_UP_TO = 512
 
 
-def budget_mask(rows, k, l, m: int, regularizer, *, kernel: bool | None = None):
+def budget_mask(rows, k, l, m: int, regularizer, *, kernel: bool | None = None, layout=None):
   r"""The p-norm mask of ``rows`` (..., n), ``n > m``, with at most ``m`` nonzero
   entries per row (the tie rule aside): the mask at strength :math:`\min(l, l^\star)`.
 
@@ -93,22 +94,48 @@ def budget_mask(rows, k, l, m: int, regularizer, *, kernel: bool | None = None):
   threshold: more ``+inf`` entries than ``k``, fewer entries above ``-inf`` than
   ``k``) gives NaN; ``+inf`` entries get 1, ``-inf`` entries 0, like the plain mask.
 
+  ``layout``: which entries form a row (:mod:`implicit_topk.problems.layout`; default
+  the last axis). A bound :class:`~implicit_topk.problems.layout.Segments` layout makes
+  each segment a row (``k`` and ``l`` of shape ``batch + (num_segments,)``): the same
+  steps with segment maxima and sums, where a segment of at most ``m`` entries gets the
+  plain mask.
+
   ``kernel``: whether a program lowered for the CPU finds the threshold and strength
   with the compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`; default:
-  where it can, see :func:`kernel_applies`); elsewhere, and on other platforms, the
-  pure-JAX path. Both give the same values to a few ulps."""
+  where it can, see :func:`kernel_applies`; never for segments); elsewhere, and on other
+  platforms, the pure-JAX path. Both give the same values to a few ulps."""
   a = regularizer.exponent
-  use_kernel = kernel_applies(rows.dtype, a) if kernel is None else (
-      kernel and kernel_applies(rows.dtype, a))
-  shift, offset, strength, cut = _threshold(rows, k, l, m, a, use_kernel)
+  layout = _layout.DEFAULT if layout is None else layout
+  ids = getattr(layout, "segment_ids", None)
+  use_kernel = _is_last_axis(layout) and kernel_applies(rows.dtype, a) and kernel is not False
+  shift, offset, strength, cut = _threshold(rows, k, l, ids, m, a, use_kernel,
+                                            _unbound(layout))
+  each = lambda r: layout.expand(r, rows)  # a per-row value at each entry of its row
   cut = lax.stop_gradient(cut)
   # (x - shift) / l' - offset: no difference of order l' is formed, which could be
-  # subnormal (flushed to 0 by XLA:CPU) for rows of scale 1e-300
-  z = (rows - shift[..., None]) / strength[..., None] - offset[..., None]
+  # subnormal (flushed to 0 by XLA:CPU) for rows of scale 1e-300. Infinite entries (1
+  # above the cut, 0 at -inf) stay out of it: their z would make the strength's
+  # derivative 0 * inf.
+  finite = jnp.isfinite(rows)
+  z = (jnp.where(finite, rows, each(shift)) - each(shift)) / each(strength) - each(offset)
   # lambda' >= cut: the entries at or below the cut are 0 exactly (z may round to a
   # tiny positive value there: XLA divides through the reciprocal)
-  y = jnp.where(rows > cut[..., None], regularizer.mask(z), 0.0)
-  return jnp.where(jnp.isnan(strength)[..., None], jnp.nan, y)
+  y = jnp.where(rows > each(cut), jnp.where(finite, regularizer.mask(z), 1.0), 0.0)
+  return jnp.where(jnp.isnan(each(strength)), jnp.nan, y)
+
+
+def _is_last_axis(layout) -> bool:
+  """Whether ``layout`` is whole rows along the last axis on one device."""
+  return isinstance(layout, _layout.LastAxis) and layout.axis_name is None
+
+
+def _unbound(layout):
+  """``layout`` without its data (the hashable part, a static argument)."""
+  return layout.bind(None) if isinstance(layout, _layout.Segments) else layout
+
+
+def _bound(layout, ids):
+  return layout if ids is None else layout.bind(ids)
 
 
 def kernel_applies(dtype, a) -> bool:
@@ -120,9 +147,9 @@ def kernel_applies(dtype, a) -> bool:
           and registry.available())
 
 
-def _jax_solution(rows, k, l, m, a):
+def _jax_solution(rows, k, l, m, a, layout=_layout.DEFAULT):
   """``(shift, offset, strength, cut)`` per row in JAX (:func:`_entries`, :func:`_solve`)."""
-  values, weights, cut = _entries(rows, k, m)
+  values, weights, cut = _entries(rows, k, m, layout)
   return (*_solve(k, l, values, weights, cut, a), cut)
 
 
@@ -143,8 +170,7 @@ def _split_solution(axis, attributes, rows, k, l):
   sharded form."""
   a = float(attributes["a"])
   a = int(a) if a.is_integer() else a
-  values, weights, cut = _entries_by_passes(rows, k, int(attributes["m"]), axis)
-  return (*_solve(k, l, values, weights, cut, a), cut)
+  return _jax_solution(rows, k, l, int(attributes["m"]), a, _layout.LastAxis(axis))
 
 
 def _register_split_form() -> None:
@@ -152,11 +178,11 @@ def _register_split_form() -> None:
   partitioning.SHARDED_FORMS.setdefault("budget", _split_solution)
 
 
-def _solution(rows, k, l, m, a, kernel):
+def _solution(rows, k, l, m, a, kernel, layout=_layout.DEFAULT):
   """The kernel on CPU, the JAX path elsewhere, chosen when the program is lowered
   (each branch lowered for its own platform only)."""
   rows, k, l = (lax.stop_gradient(v) for v in (rows, k, l))
-  jax_path = functools.partial(_jax_solution, m=m, a=a)
+  jax_path = functools.partial(_jax_solution, m=m, a=a, layout=layout)
   if not kernel:
     return jax_path(rows, k, l)
   from implicit_topk.kernels.gpu import platform_select
@@ -164,34 +190,34 @@ def _solution(rows, k, l, m, a, kernel):
       (rows, k, l), {"cpu": functools.partial(_kernel_solution, m=m, a=a)}, jax_path))
 
 
-def _entries(rows, k, m):
+def _entries(rows, k, m, layout=_layout.DEFAULT):
   """``(values, weights, cut)``: the values above the cut of the tie rule, descending
   (NaN first where the row has NaN), with their weights (0: not used), and the cut."""
-  if (m + 2) * rows.shape[-1] <= _PASSES_UP_TO:
+  if not _is_last_axis(layout) or (m + 2) * rows.shape[-1] <= _PASSES_UP_TO:
     # the barrier keeps XLA from fusing the passes over the row into the (many) small
     # computations that use their results, each of which would then repeat them
-    return lax.optimization_barrier(_entries_by_passes(rows, k, m))
+    return lax.optimization_barrier(_entries_by_passes(rows, k, m, layout))
   return _entries_by_top_k(rows, k, m)
 
 
-def _entries_by_passes(rows, k, m, axis=None):
+def _entries_by_passes(rows, k, m, layout=_layout.DEFAULT):
   """The m+2 largest distinct values of each row and their counts, one masked maximum
   per value; the group of the (m+1)-th largest entry and the next value below it.
-  ``axis``: mesh axes the rows are split over (each device holds a block of every row;
-  the maxima and counts are ``pmax``'d and ``psum``'d over them)."""
-  row_max, row_count = (lambda v: jnp.max(v, axis=-1)), (lambda v: jnp.sum(v, axis=-1))
-  if axis is not None:
-    row_max = lambda v: lax.pmax(jnp.max(v, axis=-1), axis)
-    row_count = lambda v: lax.psum(jnp.sum(v, axis=-1), axis)
-  value = row_max(rows)  # NaN where the row has NaN (marked below where split)
-  if axis is not None:
-    value = jnp.where(row_count(jnp.isnan(rows)) > 0, jnp.nan, value)
+  ``layout`` reduces: the last axis, the last axis split over mesh axes (each device
+  holds a block of every row; the maxima and counts are ``pmax``'d and ``psum``'d), or
+  segments (``jax.ops.segment_max`` and ``segment_sum``; an empty segment's maximum is
+  ``-inf``). A row of at most ``m`` entries gets the cut ``-inf`` (no budget)."""
+  each = lambda r: layout.expand(r, rows)
+  value = layout.max(rows)
+  if not _is_last_axis(layout):  # NaN where the row has NaN (a scatter's maximum may drop it)
+    value = jnp.where(layout.any(jnp.isnan(rows)), jnp.nan, value)
   values, counts = [value], []
+  # (a float count: XLA:CPU sums an int count by a separate, slower reduce-window)
   for _ in range(m + 1):
-    counts.append(row_count(rows == value[..., None]).astype(rows.dtype))
-    value = row_max(jnp.where(rows < value[..., None], rows, -jnp.inf))
+    counts.append(layout.count(rows == each(value), rows.dtype))
+    value = layout.max(jnp.where(rows < each(value), rows, -jnp.inf))
     values.append(value)
-  counts.append(row_count(rows == value[..., None]).astype(rows.dtype))
+  counts.append(layout.count(rows == each(value), rows.dtype))
   values, counts = jnp.stack(values, axis=-1), jnp.stack(counts, axis=-1)
   total = jnp.cumsum(counts, axis=-1)
   group = jnp.sum(total < m + 1, axis=-1)  # the group of the (m+1)-th largest entry
@@ -204,6 +230,9 @@ def _entries_by_passes(rows, k, m, axis=None):
   weights = jnp.where(position < group[..., None], counts,
                       jnp.where((position == group[..., None]) & tied[..., None], counts, 0.0))
   cut = jnp.where(tied, at(values, group + 1), at(values, group))
+  # fewer than m+1 entries (a short segment; the -inf entries, repeated, reach m+1 first):
+  # no cut, the plain mask
+  cut = jnp.where(group > m, -jnp.inf, cut)
   # the group of the (m+1)-th largest is among the first m+1: the last value is the cut's
   return values[..., :m + 1], weights[..., :m + 1], cut
 
@@ -263,6 +292,9 @@ def _solve(k, l, values, weights, cut, a) -> _Solution:
   anchor, offset = lax.cond(jnp.any(~binds),
                             lambda: _budget_pieces.threshold(values, weights, cut, l, target, a),
                             lambda: (jnp.zeros_like(target), jnp.zeros_like(target)))
+  # Nothing finite above the cut and no mass to place (an empty segment; a row of -inf
+  # entries, or of as many +inf entries as k): any threshold is one; the origin.
+  offset = jnp.where((target == 0) & ~finite_cut & ~jnp.any(weights > 0, axis=-1), 0.0, offset)
   # The origin of the threshold: the cut where the budget binds (then lambda' = c
   # exactly), else a value next to the plain threshold (lambda - anchor is of order l).
   shift = jnp.where(binds, cut, anchor)
@@ -274,28 +306,35 @@ def _solve(k, l, values, weights, cut, a) -> _Solution:
   return _Solution(jnp.where(bad, 0.0, shift), offset, jnp.where(bad, jnp.nan, strength))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
-def _threshold(rows, k, l, m, a, kernel):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5, 6, 7))
+def _threshold(rows, k, l, ids, m, a, kernel, layout):
   """``(shift, (lambda' - shift) / l', l', cut)`` per row; derivatives by the implicit
   function theorem (none for ``shift``, a constant origin, nor for the cut's value,
-  which enters through the entries at it)."""
-  return tuple(_solution(rows, k, l, m, a, kernel))
+  which enters through the entries at it). ``ids``: the segment ids of a
+  :class:`~implicit_topk.problems.layout.Segments` ``layout`` (unbound here: the
+  static part), else None."""
+  return tuple(_solution(rows, k, l, m, a, kernel, _bound(layout, ids)))
 
 
 @_threshold.defjvp
-def _threshold_jvp(m, a, kernel, primals, tangents):
-  rows, k, l = primals
-  rows_dot, k_dot, l_dot = tangents
-  shift, offset, strength, cut = _threshold(rows, k, l, m, a, kernel)  # higher orders
+def _threshold_jvp(m, a, kernel, layout, primals, tangents):
+  rows, k, l, ids = primals
+  rows_dot, k_dot, l_dot, _ = tangents
+  shift, offset, strength, cut = _threshold(rows, k, l, ids, m, a, kernel, layout)  # higher orders
+  layout = _bound(layout, ids)
+  each = lambda r: layout.expand(r, rows)
   cut = lax.stop_gradient(cut)
   binds = strength < l
-  d, dz = mask_tangent.slopes(PNORM, float(a), rows, offset * strength, shift, strength)
-  total, total_z = jnp.sum(d, axis=-1), jnp.sum(dz, axis=-1)
-  moved = jnp.sum(d * rows_dot, axis=-1)
-  at_cut = rows == cut[..., None]
+  # (the per-row values at each entry, with a trailing axis of 1 for the per-row
+  # broadcast of `slopes`)
+  d, dz = (v[..., 0] for v in mask_tangent.slopes(
+      PNORM, float(a), rows[..., None], each(offset * strength), each(shift), each(strength)))
+  total, total_z = layout.sum(d), layout.sum(dz)
+  moved = layout.sum(d * rows_dot)
+  at_cut = rows == each(cut)
   # (a float count: XLA:CPU sums an int count by a separate, slower reduce-window)
-  cut_dot = (jnp.sum(jnp.where(at_cut, rows_dot, 0.0), axis=-1)
-             / jnp.maximum(jnp.sum(at_cut.astype(rows.dtype), axis=-1), 1.0))
+  cut_dot = (layout.sum(jnp.where(at_cut, rows_dot, 0.0))
+             / jnp.maximum(layout.count(at_cut, rows.dtype), 1.0))
   ratio = lambda num, den: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
   delta_dot = jnp.where(binds, cut_dot, ratio(moved - total_z * l_dot - k_dot, total))
   strength_dot = jnp.where(binds, ratio(moved - total * cut_dot - k_dot, total_z), l_dot)
