@@ -264,11 +264,10 @@ def segment_soft_topk_mask(
   selection. ``segment_ids`` need not be sorted (``indices_are_sorted=True`` lets
   XLA use a faster path when they are).
 
-  There is no ``max_support`` here yet: the budget's math carries over to each segment,
-  but XLA has no segmented top-k (a sort of the whole axis by segment and value would
-  cost more than this operator), so it would take ``m + 2`` segment maxima and its own
-  per-segment derivative sums. Padded rows work today: :func:`soft_topk_mask` with
-  ``where=`` and ``max_support=``.
+  ``max_support=m`` bounds the nonzero entries of each segment by ``m``, as
+  :func:`soft_topk_mask`'s ``max_support`` does for each row: every segment is its own
+  row of that rule, with its own cut (the (m+1)-th largest entry of the segment) and
+  its own largest strength ``l* <= l`` that meets the budget.
 
   Args:
     x: float array; the segments run along ``axis``, other axes are batch axes.
@@ -306,6 +305,29 @@ def segment_soft_topk_mask(
       invariant under ``x -> c * x + b`` for ``c > 0``. Gradients flow through the
       standard deviation (``proofs/standardized_strength.md``). Default False: the
       strength is absolute.
+    max_support: ``None`` (default) or an int ``m > k_S`` (for every segment): at
+      most ``m`` nonzero entries per segment, for any scale of ``x`` and any strength.
+      Where a segment's plain mask would have more, that segment is solved with the
+      largest strength ``l* <= l`` whose mask has ``m``: its threshold is then the
+      (m+1)-th largest entry of the segment. Elsewhere, and in every segment of at
+      most ``m`` entries, the output is the plain mask (to a few ulps: computed in
+      closed form, not by the Newton iteration). Ties: where fewer than ``k_S``
+      entries of a segment lie strictly above its (m+1)-th largest, the cut moves to
+      the next distinct value below it and the tied entries enter together (a
+      symmetric operator cannot split a tie; the support then exceeds ``m`` by those
+      entries), the rule of :func:`soft_topk_mask`. Gradients through both the mask's
+      and the strength's equations (``proofs/support_budget.md``), per segment.
+      p-norm regularizers only (``ValueError`` otherwise). Cost: ``m + 2`` passes of
+      :func:`jax.ops.segment_max` over the axis, each with a
+      :func:`jax.ops.segment_sum` counting the entries at the value found (the ``m +
+      1`` largest values of every segment with their counts, without sorting the
+      axis), the threshold and ``l*`` in closed form on those values (O(m^2) per
+      segment), and the mask elementwise: time O((m + 2) n + num_segments m^2),
+      memory O(n + num_segments m), nothing of size n x m. No iteration runs, so
+      ``diff``, ``maxiter`` and ``implicit_diff_backend`` do not apply, and
+      ``return_info`` reports 0 iterations and the residual. ``standardize``, NaN and
+      infinite entries (as without it), every dtype, ``jit``, ``vmap``, batch axes
+      and forward and reverse mode work as without it.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 
@@ -314,10 +336,13 @@ def segment_soft_topk_mask(
     (and the ``RootState`` with ``return_info``).
 
   Raises:
-    TypeError: non-integer ``segment_ids``, non-float ``x``, or both
-      ``regularization_strength`` and ``l``.
+    TypeError: non-integer ``segment_ids``, non-float ``x``, both
+      ``regularization_strength`` and ``l``, or a ``max_support`` that is not a
+      Python int.
     ValueError: out-of-range concrete ``segment_ids`` or ``k``,
-      ``regularization_strength`` not finite and > 0, shapes that do not broadcast.
+      ``regularization_strength`` not finite and > 0, shapes that do not broadcast,
+      ``max_support`` below 1 or not above a concrete ``k``, or with a regularizer
+      that is not a p-norm.
 
   Example:
     >>> import jax.numpy as jnp

@@ -28,6 +28,15 @@ decides whether the CPU kernel is used: for the compiled solvers), and no n x n 
 n x m intermediate. Under ``jit`` with the reduced axis split
 over devices, each device runs the JAX passes on its block with ``pmax``/``psum``.
 
+Segments (``segment_soft_topk_mask``): each segment is its own row of the same rule.
+XLA has no segmented top-k, so the values come from the ``m + 2`` masked maxima, here
+:func:`jax.ops.segment_max` with a :func:`jax.ops.segment_sum` counting each value; the
+same code serves the three cases through the reduction layout
+(:mod:`implicit_topk.problems.layout`: the last axis, the last axis split over mesh
+axes, segments), which also sums the derivatives per segment and sends per-segment
+values back to the entries. A segment of at most ``m`` entries (empty included) gets
+no cut: its plain mask, from the same closed forms.
+
 Ties: a symmetric operator cannot split a tie. Where fewer than ``k`` entries lie
 strictly above :math:`c`, the cut moves to the next distinct value below :math:`c`
 and the entries tied at :math:`c` enter together (weight :math:`w` = their count): the

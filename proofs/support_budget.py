@@ -9,7 +9,9 @@ Checks, on random rows with and without ties, scales 1e-6..1e6 and p in {4/3, 1.
       bisection of h(delta) = k - W on the piece;
   (7) the derivative formulas equal central differences of the reference mask;
   then the library's soft_topk_mask(..., max_support=m) against the reference mask at
-  min(l, l*): within 1e-9 (Brent's threshold at scales up to 1e6), at most m nonzero entries (the tie rule aside), sum k.
+  min(l, l*): within 1e-9 (Brent's threshold at scales up to 1e6), at most m nonzero entries (the tie rule aside), sum k;
+  (8) the library's segment_soft_topk_mask(..., max_support=m) against the same reference
+      on each segment separately (segments of at most m entries and empty ones included).
 """
 
 import os
@@ -142,6 +144,42 @@ def check_derivatives(rng):
                 f"{np.max(np.abs(fd - want))}")
 
 
+def check_segments(rng, itk):
+    """Statement 8: the library's segment form against the reference on each segment
+    separately (segments of at most m entries: the plain mask, Brent)."""
+    import jax.numpy as jnp
+    sizes = np.array([1, 3, 0, 9, 6, 5])
+    checked = 0
+    for trial in range(16):
+        p = PS[trial % len(PS)]
+        m = 3
+        ids = rng.permutation(np.repeat(np.arange(sizes.size), sizes))
+        x = rng.normal(size=ids.size)
+        if trial % 3 == 0:
+            x = np.round(x * 2) / 2  # ties
+        scale = 10.0 ** rng.uniform(-6, 6)
+        x = x * scale
+        k = np.where(sizes == 0, 0.0, rng.uniform(0.2, np.clip(sizes, 1, m) - 0.1))
+        l = scale * 10.0 ** rng.uniform(-1.5, 1.5, sizes.size)
+        got = np.asarray(itk.segment_soft_topk_mask(
+            jnp.asarray(x), jnp.asarray(ids), jnp.asarray(k), num_segments=sizes.size,
+            regularization_strength=jnp.asarray(l), p=p, max_support=m))
+        for s_ in np.flatnonzero(sizes):
+            row = x[ids == s_]
+            if row.size <= m:
+                want = C.threshold_solve(row, k[s_], l[s_], p)[1]
+            else:
+                want = reference_budget_mask(row, k[s_], l[s_], m, p)[0]
+                C.check(np.sum(got[ids == s_] > 0) <= np.sum(row > cut_and_weights(row, k[s_], m)[0]),
+                        f"segment support, trial {trial}, segment {s_}")
+            C.check(np.max(np.abs(got[ids == s_] - want)) < 1e-9,
+                    f"segment vs reference, trial {trial}, segment {s_}: "
+                    f"{np.max(np.abs(got[ids == s_] - want))}")
+            C.check(abs(got[ids == s_].sum() - k[s_]) < 1e-10, f"segment sum, trial {trial}")
+            checked += 1
+    print(f"  {checked} segments checked (the segment form against the per-segment reference)")
+
+
 def main():
     rng = np.random.default_rng(0)
     itk = C.load_library()
@@ -189,6 +227,8 @@ def main():
         checked += 1
     print(f"  {checked} rows checked (bound, l*, pieces, locality, closed forms, derivatives, "
           "library)")
+    if itk is not None:
+        check_segments(np.random.default_rng(1), itk)
     print("support_budget: OK")
 
 
