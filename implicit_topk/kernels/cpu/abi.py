@@ -42,7 +42,7 @@ _FRAME_ATTRS, _ATTRS_SIZE, _ATTRS_TYPES, _ATTRS_NAMES, _ATTRS_VALUES = 120, 16, 
 ATTR_SCALAR, _SCALAR_VALUE = 3, 8
 # XLA_FFI_Buffer: struct_size, extension_start, dtype, data, rank, dims.
 _BUFFER_DTYPE, _BUFFER_DATA, _BUFFER_RANK, _BUFFER_DIMS = 16, 24, 32, 40
-# XLA_FFI_Api: struct_size, extension_start, api_version (32 bytes), internal_api,
+# XLA_FFI_Api: struct_size, extension_start, api_version (24 bytes), internal_api,
 # XLA_FFI_Error_Create, ...
 _API_ERROR_CREATE = 48
 # XLA_FFI_Extension_Base: struct_size, type, next; the metadata extension adds a
@@ -133,7 +133,7 @@ def message(text: str) -> np.ndarray:
   return np.frombuffer(text.encode("ascii") + b"\0", np.uint8).copy()
 
 
-from numba import njit  # noqa: E402  (after the intrinsics it compiles)
+from numba import carray, njit  # noqa: E402  (after the intrinsics it compiles)
 
 #: The message of a kernel that returned a nonzero status.
 KERNEL_FAILED = message("implicit_topk: a native kernel failed (nonzero status)")
@@ -148,6 +148,17 @@ def dtype_code(sample):
 def _dtype_code(sample):
   code = {types.float32: FLOAT32, types.float64: FLOAT64, types.int32: INT32}[sample]
   return lambda sample: code
+
+
+def itemsize(sample):
+  """The bytes of ``sample``'s numba scalar type (compile-time constant)."""
+  raise NotImplementedError  # numba only (see the overload below)
+
+
+@overload(itemsize, inline="always")
+def _itemsize(sample):
+  size = {types.float32: 4, types.float64: 8, types.int32: 4}[sample]
+  return lambda sample: size
 
 
 @njit(cache=True)
@@ -257,3 +268,19 @@ def scalar_attribute(frame, initial, code):
 @njit(cache=True)
 def null():
   return _null()
+
+
+@njit(inline="always", cache=True)
+def span_of(frame, results, index, sample, first, length):
+  """Entries ``first .. first + length - 1`` of argument (or result) ``index``, as a
+  1-d array of ``sample``'s type."""
+  start = buffer_data(buffer(frame, results, index)) + first * itemsize(sample)
+  return carray(typed_pointer(start, sample), (length,))
+
+
+@njit(inline="always", cache=True)
+def rows_of(frame, results, index, sample, first, rows, n):
+  """Rows ``first .. first + rows - 1`` of argument (or result) ``index`` (rows of
+  ``n`` entries), as a 2-d array of ``sample``'s type."""
+  start = buffer_data(buffer(frame, results, index)) + first * n * itemsize(sample)
+  return carray(typed_pointer(start, sample), (rows, n))

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numba import carray, njit
 
-from implicit_topk.kernels.cpu import abi
+from implicit_topk.kernels.cpu import abi, threads
 
 _OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
 _INF = np.inf
@@ -297,12 +297,7 @@ _BAD_ARGUMENTS = abi.message(
 
 
 @njit(inline="always", **_OPTIONS)
-def _per_row(buf, sample, rows):
-  return carray(abi.typed_pointer(abi.buffer_data(buf), sample), (rows,))
-
-
-@njit(inline="always", **_OPTIONS)
-def _budget_call(frame, sample):
+def _budget_call(frame, sample, task):
   if abi.handler_prologue(frame):
     return abi.null()
   code = abi.dtype_code(sample)
@@ -322,20 +317,45 @@ def _budget_call(frame, sample):
   m = abi.load32(m_at)
   if not ok or m < 1:
     return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
-  x = carray(abi.typed_pointer(abi.buffer_data(xb), sample), (rows, n))
-  a = carray(abi.typed_pointer(a_at, np.float64(0)), (1,))[0]
-  if budget_rows(x, _per_row(kb, sample, rows), _per_row(lb, sample, rows), m, a,
-                 _per_row(abi.buffer(frame, True, 0), sample, rows),
-                 _per_row(abi.buffer(frame, True, 1), sample, rows),
-                 _per_row(abi.buffer(frame, True, 2), sample, rows),
-                 _per_row(abi.buffer(frame, True, 3), sample, rows)) != 0:
+  if threads.run_rows(frame, rows, n, task, _budget_block, sample, 0) != 0:
     return abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
   return abi.null()
 
 
+@njit(**_OPTIONS)
+def _budget_block(frame, r0, r1, sample, rule):
+  """Rows ``r0 .. r1 - 1`` of a checked call (a block of
+  :mod:`~implicit_topk.kernels.cpu.threads`); the status."""
+  xb = abi.buffer(frame, False, 0)
+  n = abi.buffer_dim(xb, abi.buffer_rank(xb) - 1)
+  rows = r1 - r0
+  a = carray(abi.typed_pointer(abi.scalar_attribute(frame, 97, abi.FLOAT64), np.float64(0)), (1,))[0]
+  m = abi.load32(abi.scalar_attribute(frame, 109, abi.INT32))
+  return budget_rows(abi.rows_of(frame, False, 0, sample, r0, rows, n),
+                     abi.span_of(frame, False, 1, sample, r0, rows),
+                     abi.span_of(frame, False, 2, sample, r0, rows), m, a,
+                     abi.span_of(frame, True, 0, sample, r0, rows),
+                     abi.span_of(frame, True, 1, sample, r0, rows),
+                     abi.span_of(frame, True, 2, sample, r0, rows),
+                     abi.span_of(frame, True, 3, sample, r0, rows))
+
+
+_TASK_F32 = threads.external_task("budget_kernel", "budget_f32")
+_TASK_F64 = threads.external_task("budget_kernel", "budget_f64")
+
+
 def budget_f32(frame):
-  return _budget_call(frame, np.float32(0))
+  return _budget_call(frame, np.float32(0), _TASK_F32())
 
 
 def budget_f64(frame):
-  return _budget_call(frame, np.float64(0))
+  return _budget_call(frame, np.float64(0), _TASK_F64())
+
+
+# The helper tasks (:mod:`~implicit_topk.kernels.cpu.threads`), void (void*).
+def budget_f32_task(data):
+  threads.serve(data, _budget_block, np.float32(0), 0)
+
+
+def budget_f64_task(data):
+  threads.serve(data, _budget_block, np.float64(0), 0)

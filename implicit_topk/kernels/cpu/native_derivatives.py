@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from numba import carray, literally, njit
 
-from implicit_topk.kernels.cpu import abi
+from implicit_topk.kernels.cpu import abi, threads
 from implicit_topk.kernels.cpu.native_threshold import (PNORM, _LOWEST, _OPTIONS,
                                                         _STRENGTH_FLOOR, _mask_terms,
                                                         _scaled_div, float64_entries,
@@ -311,18 +311,6 @@ def _layout_ok(frame, code, full_args, full_rets, n_args, n_rets):
 
 
 @njit(inline="always", **_OPTIONS)
-def _matrix(frame, results, index, sample, rows, n):
-  return carray(abi.typed_pointer(abi.buffer_data(abi.buffer(frame, results, index)), sample),
-                (rows, n))
-
-
-@njit(inline="always", **_OPTIONS)
-def _vector(frame, results, index, sample, rows):
-  return carray(abi.typed_pointer(abi.buffer_data(abi.buffer(frame, results, index)), sample),
-                (rows,))
-
-
-@njit(inline="always", **_OPTIONS)
 def _attributes(frame):
   a_at, kind_at = abi.scalar_attribute(frame, 97, abi.FLOAT64), abi.scalar_attribute(frame, 107, abi.INT32)
   if a_at == 0 or kind_at == 0:
@@ -331,83 +319,196 @@ def _attributes(frame):
 
 
 @njit(inline="always", **_OPTIONS)
-def _tangent_call(frame, sample, rule):
+def _tangent_call(frame, sample, rule, task):
   if abi.handler_prologue(frame):
     return abi.null()
   found, kind, a = _attributes(frame)
   ok, rows, n = _layout_ok(frame, abi.dtype_code(sample), 0b10001, 0b01, 7, 2)
   if not (found and ok):
     return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
-  status = _tangent_loops(
-      _matrix(frame, False, 0, sample, rows, n), _vector(frame, False, 1, sample, rows),
-      _vector(frame, False, 2, sample, rows), _vector(frame, False, 3, sample, rows),
-      _matrix(frame, False, 4, sample, rows, n), _vector(frame, False, 5, sample, rows),
-      _vector(frame, False, 6, sample, rows), kind, a,
-      _matrix(frame, True, 0, sample, rows, n), _vector(frame, True, 1, sample, rows), rule)
+  status = threads.run_rows(frame, rows, n, task, _tangent_block, sample, rule)
   return abi.null() if status == 0 else abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
 
 
 @njit(inline="always", **_OPTIONS)
-def _cotangent_call(frame, sample, rule):
+def _cotangent_call(frame, sample, rule, task):
   if abi.handler_prologue(frame):
     return abi.null()
   found, kind, a = _attributes(frame)
   ok, rows, n = _layout_ok(frame, abi.dtype_code(sample), 0b010001, 0b001, 6, 3)
   if not (found and ok):
     return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
-  status = _cotangent_loops(
-      _matrix(frame, False, 0, sample, rows, n), _vector(frame, False, 1, sample, rows),
-      _vector(frame, False, 2, sample, rows), _vector(frame, False, 3, sample, rows),
-      _matrix(frame, False, 4, sample, rows, n), _vector(frame, False, 5, sample, rows),
-      kind, a, _matrix(frame, True, 0, sample, rows, n), _vector(frame, True, 1, sample, rows),
-      _vector(frame, True, 2, sample, rows), rule)
+  status = threads.run_rows(frame, rows, n, task, _cotangent_block, sample, rule)
   return abi.null() if status == 0 else abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
 
 
-# One entry point per direction, rule and dtype: a call compiles only the one it needs.
+# Rows r0 .. r1 - 1 of a checked call (a block of :mod:`~implicit_topk.kernels.cpu.threads`;
+# each row's results depend on that row alone): the status.
+@njit(**_OPTIONS)
+def _tangent_block(frame, r0, r1, sample, rule):
+  literally(rule)
+  found, kind, a = _attributes(frame)
+  n = _row_length(frame)
+  rows = r1 - r0
+  return _tangent_loops(
+      abi.rows_of(frame, False, 0, sample, r0, rows, n), abi.span_of(frame, False, 1, sample, r0, rows),
+      abi.span_of(frame, False, 2, sample, r0, rows), abi.span_of(frame, False, 3, sample, r0, rows),
+      abi.rows_of(frame, False, 4, sample, r0, rows, n), abi.span_of(frame, False, 5, sample, r0, rows),
+      abi.span_of(frame, False, 6, sample, r0, rows), kind, a,
+      abi.rows_of(frame, True, 0, sample, r0, rows, n), abi.span_of(frame, True, 1, sample, r0, rows),
+      rule)
+
+
+@njit(**_OPTIONS)
+def _cotangent_block(frame, r0, r1, sample, rule):
+  literally(rule)
+  found, kind, a = _attributes(frame)
+  n = _row_length(frame)
+  rows = r1 - r0
+  return _cotangent_loops(
+      abi.rows_of(frame, False, 0, sample, r0, rows, n), abi.span_of(frame, False, 1, sample, r0, rows),
+      abi.span_of(frame, False, 2, sample, r0, rows), abi.span_of(frame, False, 3, sample, r0, rows),
+      abi.rows_of(frame, False, 4, sample, r0, rows, n), abi.span_of(frame, False, 5, sample, r0, rows),
+      kind, a, abi.rows_of(frame, True, 0, sample, r0, rows, n),
+      abi.span_of(frame, True, 1, sample, r0, rows), abi.span_of(frame, True, 2, sample, r0, rows),
+      rule)
+
+
+@njit(inline="always", **_OPTIONS)
+def _row_length(frame):
+  x = abi.buffer(frame, False, 0)
+  return abi.buffer_dim(x, abi.buffer_rank(x) - 1)
+
+
+# One entry point per direction, rule and dtype (a call compiles only the one it needs),
+# each with its helper task (``<entry>_task``, void (void*); the registry builds both).
+_TASK_TANGENT_CUBIC_F32 = threads.external_task("native_derivatives", "tangent_cubic_f32")
+
+
 def tangent_cubic_f32(frame):
-  return _tangent_call(frame, np.float32(0), CUBIC)
+  return _tangent_call(frame, np.float32(0), CUBIC, _TASK_TANGENT_CUBIC_F32())
+
+
+def tangent_cubic_f32_task(data):
+  threads.serve(data, _tangent_block, np.float32(0), CUBIC)
+
+
+_TASK_TANGENT_CUBIC_F64 = threads.external_task("native_derivatives", "tangent_cubic_f64")
 
 
 def tangent_cubic_f64(frame):
-  return _tangent_call(frame, np.float64(0), CUBIC)
+  return _tangent_call(frame, np.float64(0), CUBIC, _TASK_TANGENT_CUBIC_F64())
+
+
+def tangent_cubic_f64_task(data):
+  threads.serve(data, _tangent_block, np.float64(0), CUBIC)
+
+
+_TASK_TANGENT_LINEAR_F32 = threads.external_task("native_derivatives", "tangent_linear_f32")
 
 
 def tangent_linear_f32(frame):
-  return _tangent_call(frame, np.float32(0), LINEAR)
+  return _tangent_call(frame, np.float32(0), LINEAR, _TASK_TANGENT_LINEAR_F32())
+
+
+def tangent_linear_f32_task(data):
+  threads.serve(data, _tangent_block, np.float32(0), LINEAR)
+
+
+_TASK_TANGENT_LINEAR_F64 = threads.external_task("native_derivatives", "tangent_linear_f64")
 
 
 def tangent_linear_f64(frame):
-  return _tangent_call(frame, np.float64(0), LINEAR)
+  return _tangent_call(frame, np.float64(0), LINEAR, _TASK_TANGENT_LINEAR_F64())
+
+
+def tangent_linear_f64_task(data):
+  threads.serve(data, _tangent_block, np.float64(0), LINEAR)
+
+
+_TASK_TANGENT_GENERAL_F32 = threads.external_task("native_derivatives", "tangent_general_f32")
 
 
 def tangent_general_f32(frame):
-  return _tangent_call(frame, np.float32(0), GENERAL)
+  return _tangent_call(frame, np.float32(0), GENERAL, _TASK_TANGENT_GENERAL_F32())
+
+
+def tangent_general_f32_task(data):
+  threads.serve(data, _tangent_block, np.float32(0), GENERAL)
+
+
+_TASK_TANGENT_GENERAL_F64 = threads.external_task("native_derivatives", "tangent_general_f64")
 
 
 def tangent_general_f64(frame):
-  return _tangent_call(frame, np.float64(0), GENERAL)
+  return _tangent_call(frame, np.float64(0), GENERAL, _TASK_TANGENT_GENERAL_F64())
+
+
+def tangent_general_f64_task(data):
+  threads.serve(data, _tangent_block, np.float64(0), GENERAL)
+
+
+_TASK_COTANGENT_CUBIC_F32 = threads.external_task("native_derivatives", "cotangent_cubic_f32")
 
 
 def cotangent_cubic_f32(frame):
-  return _cotangent_call(frame, np.float32(0), CUBIC)
+  return _cotangent_call(frame, np.float32(0), CUBIC, _TASK_COTANGENT_CUBIC_F32())
+
+
+def cotangent_cubic_f32_task(data):
+  threads.serve(data, _cotangent_block, np.float32(0), CUBIC)
+
+
+_TASK_COTANGENT_CUBIC_F64 = threads.external_task("native_derivatives", "cotangent_cubic_f64")
 
 
 def cotangent_cubic_f64(frame):
-  return _cotangent_call(frame, np.float64(0), CUBIC)
+  return _cotangent_call(frame, np.float64(0), CUBIC, _TASK_COTANGENT_CUBIC_F64())
+
+
+def cotangent_cubic_f64_task(data):
+  threads.serve(data, _cotangent_block, np.float64(0), CUBIC)
+
+
+_TASK_COTANGENT_LINEAR_F32 = threads.external_task("native_derivatives", "cotangent_linear_f32")
 
 
 def cotangent_linear_f32(frame):
-  return _cotangent_call(frame, np.float32(0), LINEAR)
+  return _cotangent_call(frame, np.float32(0), LINEAR, _TASK_COTANGENT_LINEAR_F32())
+
+
+def cotangent_linear_f32_task(data):
+  threads.serve(data, _cotangent_block, np.float32(0), LINEAR)
+
+
+_TASK_COTANGENT_LINEAR_F64 = threads.external_task("native_derivatives", "cotangent_linear_f64")
 
 
 def cotangent_linear_f64(frame):
-  return _cotangent_call(frame, np.float64(0), LINEAR)
+  return _cotangent_call(frame, np.float64(0), LINEAR, _TASK_COTANGENT_LINEAR_F64())
+
+
+def cotangent_linear_f64_task(data):
+  threads.serve(data, _cotangent_block, np.float64(0), LINEAR)
+
+
+_TASK_COTANGENT_GENERAL_F32 = threads.external_task("native_derivatives", "cotangent_general_f32")
 
 
 def cotangent_general_f32(frame):
-  return _cotangent_call(frame, np.float32(0), GENERAL)
+  return _cotangent_call(frame, np.float32(0), GENERAL, _TASK_COTANGENT_GENERAL_F32())
+
+
+def cotangent_general_f32_task(data):
+  threads.serve(data, _cotangent_block, np.float32(0), GENERAL)
+
+
+_TASK_COTANGENT_GENERAL_F64 = threads.external_task("native_derivatives", "cotangent_general_f64")
 
 
 def cotangent_general_f64(frame):
-  return _cotangent_call(frame, np.float64(0), GENERAL)
+  return _cotangent_call(frame, np.float64(0), GENERAL, _TASK_COTANGENT_GENERAL_F64())
+
+
+def cotangent_general_f64_task(data):
+  threads.serve(data, _cotangent_block, np.float64(0), GENERAL)

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 from numba import carray, njit
 
-from implicit_topk.kernels.cpu import abi
+from implicit_topk.kernels.cpu import abi, threads
 from implicit_topk.kernels.cpu import native_threshold as _nt
 
 _H_STEPS = 100  # cap of the scalar Newton for h^{-1} (it is monotone: a few suffice)
@@ -342,7 +342,7 @@ _BAD_ARGUMENTS = abi.message(
 
 
 @njit(inline="always", **_OPTIONS)
-def _magnitude_call(frame, sample):
+def _magnitude_call(frame, sample, task):
   if abi.handler_prologue(frame):
     return abi.null()
   code = abi.dtype_code(sample)
@@ -362,20 +362,42 @@ def _magnitude_call(frame, sample):
         and abi.has(resb, code, rows))
   if not ok:
     return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
-  x = carray(abi.typed_pointer(abi.buffer_data(xb), sample), (rows, n))
-  k = carray(abi.typed_pointer(abi.buffer_data(kb), sample), (rows,))
-  l = carray(abi.typed_pointer(abi.buffer_data(lb), sample), (rows,))
-  lam = carray(abi.typed_pointer(abi.buffer_data(lamb), sample), (rows,))
-  passes = carray(abi.typed_pointer(abi.buffer_data(passb), np.int32(0)), (rows,))
-  residual = carray(abi.typed_pointer(abi.buffer_data(resb), sample), (rows,))
-  if magnitude_rows(x, k, l, a, lam, passes, residual) != 0:
+  if threads.run_rows(frame, rows, n, task, _magnitude_block, sample, 0) != 0:
     return abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
   return abi.null()
 
 
+@njit(**_OPTIONS)
+def _magnitude_block(frame, r0, r1, sample, rule):
+  """Rows ``r0 .. r1 - 1`` of a checked call (a block of
+  :mod:`~implicit_topk.kernels.cpu.threads`: it starts afresh, no guess carried in from
+  the rows before it); the status."""
+  xb = abi.buffer(frame, False, 0)
+  n = abi.buffer_dim(xb, abi.buffer_rank(xb) - 1)
+  rows = r1 - r0
+  a = carray(abi.typed_pointer(abi.scalar_attribute(frame, 97, abi.FLOAT64), np.float64(0)), (1,))[0]
+  return magnitude_rows(
+      abi.rows_of(frame, False, 0, sample, r0, rows, n), abi.span_of(frame, False, 1, sample, r0, rows),
+      abi.span_of(frame, False, 2, sample, r0, rows), a, abi.span_of(frame, True, 0, sample, r0, rows),
+      abi.span_of(frame, True, 1, np.int32(0), r0, rows), abi.span_of(frame, True, 2, sample, r0, rows))
+
+
+_TASK_F32 = threads.external_task("native_magnitude", "magnitude_f32")
+_TASK_F64 = threads.external_task("native_magnitude", "magnitude_f64")
+
+
 def magnitude_f32(frame):
-  return _magnitude_call(frame, np.float32(0))
+  return _magnitude_call(frame, np.float32(0), _TASK_F32())
 
 
 def magnitude_f64(frame):
-  return _magnitude_call(frame, np.float64(0))
+  return _magnitude_call(frame, np.float64(0), _TASK_F64())
+
+
+# The helper tasks (:mod:`~implicit_topk.kernels.cpu.threads`), void (void*).
+def magnitude_f32_task(data):
+  threads.serve(data, _magnitude_block, np.float32(0), 0)
+
+
+def magnitude_f64_task(data):
+  threads.serve(data, _magnitude_block, np.float64(0), 0)

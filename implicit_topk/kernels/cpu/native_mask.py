@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import carray, njit
 
-from implicit_topk.kernels.cpu import abi, native_lanes
+from implicit_topk.kernels.cpu import abi, native_lanes, threads
 from implicit_topk.kernels.cpu.native_threshold import _OPTIONS, _solve_row
 
 
@@ -73,7 +73,7 @@ _BAD_ARGUMENTS = abi.message(
 
 
 @njit(inline="always", **_OPTIONS)
-def _capped_simplex_call(frame, sample):
+def _capped_simplex_call(frame, sample, task):
   if abi.handler_prologue(frame):
     return abi.null()
   code = abi.dtype_code(sample)
@@ -95,24 +95,45 @@ def _capped_simplex_call(frame, sample):
         and abi.has(resb, code, rows) and abi.has(shiftb, code, rows))
   if not ok:
     return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
-  x = carray(abi.typed_pointer(abi.buffer_data(xb), sample), (rows, n))
-  k = carray(abi.typed_pointer(abi.buffer_data(kb), sample), (rows,))
-  l = carray(abi.typed_pointer(abi.buffer_data(lb), sample), (rows,))
-  kind = abi.load32(kind_at)
-  a = carray(abi.typed_pointer(a_at, np.float64(0)), (1,))[0]
-  y = carray(abi.typed_pointer(abi.buffer_data(yb), sample), (rows, n))
-  lam = carray(abi.typed_pointer(abi.buffer_data(lamb), sample), (rows,))
-  passes = carray(abi.typed_pointer(abi.buffer_data(passb), np.int32(0)), (rows,))
-  residual = carray(abi.typed_pointer(abi.buffer_data(resb), sample), (rows,))
-  shift = carray(abi.typed_pointer(abi.buffer_data(shiftb), sample), (rows,))
-  if capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift) != 0:
+  if threads.run_rows(frame, rows, n, task, _capped_simplex_block, sample, 0) != 0:
     return abi.error(frame, abi.KERNEL_FAILED, abi.ERROR_INTERNAL)
   return abi.null()
 
 
+@njit(**_OPTIONS)
+def _capped_simplex_block(frame, r0, r1, sample, rule):
+  """Rows ``r0 .. r1 - 1`` of a checked call (:func:`_capped_simplex_call`); the status.
+  A block starts afresh (no guess carried in from the rows before it), so its results
+  do not depend on where it runs."""
+  xb = abi.buffer(frame, False, 0)
+  n = abi.buffer_dim(xb, abi.buffer_rank(xb) - 1)
+  rows = r1 - r0
+  a_at, kind_at = abi.scalar_attribute(frame, 97, abi.FLOAT64), abi.scalar_attribute(frame, 107, abi.INT32)
+  return capped_simplex_rows(
+      abi.rows_of(frame, False, 0, sample, r0, rows, n), abi.span_of(frame, False, 1, sample, r0, rows),
+      abi.span_of(frame, False, 2, sample, r0, rows), abi.load32(kind_at),
+      carray(abi.typed_pointer(a_at, np.float64(0)), (1,))[0],
+      abi.rows_of(frame, True, 0, sample, r0, rows, n), abi.span_of(frame, True, 1, sample, r0, rows),
+      abi.span_of(frame, True, 2, np.int32(0), r0, rows), abi.span_of(frame, True, 3, sample, r0, rows),
+      abi.span_of(frame, True, 4, sample, r0, rows))
+
+
+_TASK_F32 = threads.external_task("native_mask", "capped_simplex_f32")
+_TASK_F64 = threads.external_task("native_mask", "capped_simplex_f64")
+
+
 def capped_simplex_f32(frame):
-  return _capped_simplex_call(frame, np.float32(0))
+  return _capped_simplex_call(frame, np.float32(0), _TASK_F32())
 
 
 def capped_simplex_f64(frame):
-  return _capped_simplex_call(frame, np.float64(0))
+  return _capped_simplex_call(frame, np.float64(0), _TASK_F64())
+
+
+# The helper tasks (:mod:`~implicit_topk.kernels.cpu.threads`), void (void*).
+def capped_simplex_f32_task(data):
+  threads.serve(data, _capped_simplex_block, np.float32(0), 0)
+
+
+def capped_simplex_f64_task(data):
+  threads.serve(data, _capped_simplex_block, np.float64(0), 0)

@@ -53,6 +53,8 @@ _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 _OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
 _BUILD_LOCK = threading.RLock()
 _REGISTERED: set = set()
+_TASKS: dict = {}
+_CONTROL_REGISTERED = False
 
 
 def registered_targets() -> tuple[str, ...]:
@@ -125,11 +127,28 @@ def ensure(name: str) -> None:
 
 
 def _compile(module_name: str, function_name: str):
-  """The numba ``@cfunc`` handler of ``function_name`` in ``kernels/cpu/<module_name>``."""
+  """The numba ``@cfunc`` handler of ``function_name`` in ``kernels/cpu/<module_name>``;
+  first its helper task ``<function_name>_task`` where the module has one
+  (:mod:`~implicit_topk.kernels.cpu.threads`), registered with LLVM before the handler
+  is compiled or loaded, so that the handler's reference to it resolves."""
   from numba import cfunc
-  from implicit_topk.kernels.cpu import abi
+  from implicit_topk.kernels.cpu import abi, threads
   module = importlib.import_module(f"implicit_topk.kernels.cpu.{module_name}")
+  _register_control()
+  task_function = getattr(module, f"{function_name}_task", None)
+  if task_function is not None:
+    task = cfunc(threads.TASK_SIGNATURE, **_OPTIONS)(task_function)
+    _TASKS[(module_name, function_name)] = task  # kept alive with the handler
+    threads.register_task(module_name, function_name, task)
   return cfunc(abi.HANDLER_SIGNATURE, **_OPTIONS)(getattr(module, function_name))
+
+
+def _register_control() -> None:
+  global _CONTROL_REGISTERED
+  if not _CONTROL_REGISTERED:
+    from implicit_topk.kernels.cpu import threads
+    threads.register_control()
+    _CONTROL_REGISTERED = True
 
 
 def build_announced(name: str, solver: str, build: Callable[[], Any]) -> Any:
