@@ -18,7 +18,7 @@ XLA's pool take blocks beside it (``XLA_FFI_ThreadPool_Schedule`` of
    block until none is left, and count each block they finish; a helper reads the call
    frame only after it took a block (the frame lives until the caller returns, and the
    caller waits for every block taken);
-4. the caller then waits (``sched_yield``) until every block is done: it only ever
+4. the caller then waits (spinning, then ``sched_yield``) until every block is done: it only ever
    waits on blocks a running thread took, so a busy pool (or one that runs a task in the
    caller's thread, or never) costs time, never a deadlock; each side then drops its
    reference, and the last one ``free``\ s the state.
@@ -79,6 +79,9 @@ ROW_ALIGN = 64
 ALIGNED_ROW = 512
 #: A block has at least this many entries (rows times row length).
 BLOCK_ENTRIES = 8192
+#: Spin-wait rounds (``pause``) of the caller before it yields its thread while it waits
+#: for the helpers' last blocks (a block takes tens of microseconds).
+SPINS = 4000
 #: The most threads a call uses (the caller and its helpers).
 MAX_THREADS = 64
 
@@ -207,6 +210,21 @@ def _yield(typingctx):
   def codegen(context, builder, signature, args):
     sched_yield = _declare(builder.module, "sched_yield", ir.IntType(32), [])
     builder.call(sched_yield, [])
+    return context.get_dummy_value()
+  return types.void(), codegen
+
+
+@intrinsic
+def _pause(typingctx):
+  """A spin-wait hint (x86 ``pause``, ARM ``yield``; nothing elsewhere)."""
+  def codegen(context, builder, signature, args):
+    import llvmlite.binding as llb
+    triple = llb.get_process_triple()
+    if triple.startswith("x86_64"):
+      builder.call(_declare(builder.module, "llvm.x86.sse2.pause", ir.VoidType(), []), [])
+    elif triple.startswith("aarch64"):
+      hint = _declare(builder.module, "llvm.aarch64.hint", ir.VoidType(), [ir.IntType(32)])
+      builder.call(hint, [ir.Constant(ir.IntType(32), 1)])
     return context.get_dummy_value()
   return types.void(), codegen
 
@@ -423,8 +441,13 @@ def finish(state):
   """The caller's end of a threaded call: waits for every block, releases the state
   and returns the number of failed blocks."""
   total = abi.load64(state + 8 * _TOTAL)
+  spins = 0
   while atomic_load(state + 8 * _DONE) < total:
-    _yield()
+    spins += 1
+    if spins < SPINS:  # the blocks left are short: spin (a yield can lose a time slice)
+      _pause()
+    else:
+      _yield()
   failed = atomic_load(state + 8 * _STATUS)
   release(state)
   return failed
