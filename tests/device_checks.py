@@ -30,10 +30,20 @@ def run_named_groups(runs, groups):
   return 1 if FAILED else 0
 
 
+def env_with_devices(devices, **extra):
+  """This process's environment for a subprocess with ``devices`` host devices: the
+  device count added to this process's ``XLA_FLAGS`` (which keep the test run's own
+  flags, e.g. the compile options of ``tests/conftest.py``), plus ``extra``."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
+  return dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}".strip(),
+              **extra)
+
+
 def run_script(script, *groups, timeout=900, devices=8):
   """Runs ``script groups...`` on ``devices`` host devices; asserts that it exits 0 and
   that every check line is OK; returns the check lines."""
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env = env_with_devices(devices)
   result = subprocess.run([sys.executable, str(script), *groups], env=env, capture_output=True,
                           text=True, timeout=timeout)
   lines = [l for l in result.stdout.splitlines() if l.startswith(("OK  ", "FAIL "))]

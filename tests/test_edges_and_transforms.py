@@ -6,7 +6,6 @@ Expected values are exact solutions derived by hand in the comments (the mask is
 output.
 """
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import device_checks
 import implicit_topk as itk
 
 INF = float("inf")
@@ -151,7 +151,7 @@ def test_errors_name_the_argument(call, error, match):
 
 # -- shard_map (default check_vma) and jax.export for every operator --------------------
 def _run_transforms(*names):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = device_checks.env_with_devices(2)
   result = subprocess.run([sys.executable, str(SCRIPT), *names], env=env, capture_output=True,
                           text=True, timeout=1500)
   report = "\n".join(l for l in result.stdout.splitlines() if l.startswith(("OK  ", "FAIL ")))

@@ -17,7 +17,6 @@ kernel again, about 1.5 s); the slow group sweeps regularizers, shapes and dtype
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -28,6 +27,7 @@ import numpy as np
 import pytest
 from jax import export
 
+import device_checks
 import implicit_topk as itk
 import references as R
 from implicit_topk import _apply
@@ -502,7 +502,7 @@ for cap in (16, 0):
                     reason="asks for 2 host devices: the default backend here is "
                            f"{jax.default_backend()!r} with its own device count")
 def test_shard_map_over_a_batch_sharded_input():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = device_checks.env_with_devices(2)
   result = subprocess.run([sys.executable, "-c", _SHARD_MAP_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -2,7 +2,6 @@
 (``"pav"``) vs an independent plain-Python PAV; gradients, ``jax.export`` and
 ``shard_map`` of the default calls."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from jax import export
 from jax.test_util import check_grads
 from scipy import optimize
 
+import device_checks
 import implicit_topk as itk
 from implicit_topk import permutahedron as perm
 from implicit_topk import regularizers
@@ -433,8 +433,7 @@ SHARD_MAP_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_default_calls_under_shard_map_on_two_host_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
+  env = device_checks.env_with_devices(2, JAX_PLATFORMS="cpu")
   result = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=1200)
   assert result.returncode == 0, result.stdout + result.stderr[-3000:]
