@@ -12,22 +12,9 @@ import subprocess
 import sys
 import time
 
-# XLA compiles the test programs' machine code with LLVM at -O0 (the same HLO passes,
-# the same IEEE arithmetic: XLA:CPU emits no fast-math flags, so nothing is reassociated
-# or contracted at any level): most test programs are small and run once, and LLVM's
-# optimization was about a quarter of the suite's CPU time (tests/test_native_solver.py +
-# tests/test_smooth_topk.py: 112 -> 86 s of CPU; the examples' quick runs, which compute
-# more, 200 -> 210 s). Set before JAX starts its backend; the test workers and the
-# subprocesses of tests/device_checks.py inherit it. IMPLICIT_TOPK_TEST_XLA_OPT=default
-# keeps XLA's default level.
-if os.environ.get("IMPLICIT_TOPK_TEST_XLA_OPT") != "default":
-  _FLAGS = os.environ.get("XLA_FLAGS", "")
-  if "xla_backend_optimization_level" not in _FLAGS:
-    os.environ["XLA_FLAGS"] = (_FLAGS + " --xla_backend_optimization_level=0").strip()
-
-import jax  # noqa: E402  (after XLA_FLAGS)
-import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import jax
+import pytest
+from hypothesis import settings
 
 jax.config.update("jax_enable_x64", True)
 

@@ -32,8 +32,8 @@ def run_named_groups(runs, groups):
 
 def env_with_devices(devices, **extra):
   """This process's environment for a subprocess with ``devices`` host devices: the
-  device count added to this process's ``XLA_FLAGS`` (which keep the test run's own
-  flags, e.g. the compile options of ``tests/conftest.py``), plus ``extra``."""
+  device count added to this process's ``XLA_FLAGS`` (a run's own XLA flags carry over
+  to the subprocess), plus ``extra``."""
   flags = os.environ.get("XLA_FLAGS", "")
   flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
   return dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}".strip(),
