@@ -164,13 +164,8 @@ def external_task(module: str, entry: str):
   @intrinsic
   def task_address(typingctx):
     def codegen(context, builder, signature, args):
-      module = builder.module
-      try:
-        function = module.get_global(name)
-      except KeyError:
-        function = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I8P]), name)
-        function.linkage = "extern_weak"
-      return builder.ptrtoint(function, _I64)
+      return _weak_external_address(builder, name, lambda module: ir.Function(
+          module, ir.FunctionType(ir.VoidType(), [_I8P]), name))
     return types.int64(), codegen
   return task_address
 
@@ -178,14 +173,21 @@ def external_task(module: str, entry: str):
 @intrinsic
 def _control_address(typingctx):
   def codegen(context, builder, signature, args):
-    module = builder.module
-    try:
-      variable = module.get_global(CONTROL_SYMBOL)
-    except KeyError:
-      variable = ir.GlobalVariable(module, _I64, CONTROL_SYMBOL)
-      variable.linkage = "extern_weak"
-    return builder.ptrtoint(variable, _I64)
+    return _weak_external_address(builder, CONTROL_SYMBOL, lambda module: ir.GlobalVariable(
+        module, _I64, CONTROL_SYMBOL))
   return types.int64(), codegen
+
+
+def _weak_external_address(builder, name, declare):
+  """The address (int64) of the symbol ``name``, declared once per LLVM module by
+  ``declare(module)`` as a weak external (0 where the JIT finds no such symbol)."""
+  module = builder.module
+  try:
+    symbol = module.get_global(name)
+  except KeyError:
+    symbol = declare(module)
+    symbol.linkage = "extern_weak"
+  return builder.ptrtoint(symbol, _I64)
 
 
 @intrinsic
