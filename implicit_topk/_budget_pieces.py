@@ -248,6 +248,7 @@ def _newton_on_piece(e, w, target, width, a, rising=False):
       derivatives, carry, tols=tols, step_scale=lambda t: jnp.maximum(jnp.abs(t), tiny),
       residual_scale=lambda t: jnp.maximum(target, tiny), geometric=True)
   zero = jnp.zeros_like(width)
-  start = (0.5 * width, zero, width, width + 1.0, width <= 0, jnp.zeros(width.shape, jnp.int32))
+  start = (0.5 * width, zero, width, _threshold_solver.initial_memory(width + 1.0), width <= 0,
+           jnp.zeros(width.shape, jnp.int32))
   carry = lax.while_loop(lambda c: jnp.any(~c[4]) & jnp.all(c[5] < _PIECE_MAXITER), step, start)
   return carry[0]

@@ -139,6 +139,15 @@ def pnorm_exponent(regularizer):
   return PNorm(kind[1]).exponent
 
 
+def piece_degree(regularizer):
+  """``a`` where the p-norm link ``g(z) = z^a`` is a polynomial of degree at most 3
+  (``a = 1 / (p - 1)`` in {1, 2, 3}: p in {2, 3/2, 4/3}), else ``None``. The threshold
+  functions of the mask and of the magnitude operator are then, between two kinks,
+  polynomials of that degree in ``lam``."""
+  a = pnorm_exponent(regularizer)
+  return a if isinstance(a, int) and 1 <= a <= 3 else None
+
+
 @dataclasses.dataclass(frozen=True)
 class PNorm:
   r""":math:`\omega(y) = |y|^p / p` with :math:`p > 1`.

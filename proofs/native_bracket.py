@@ -5,7 +5,9 @@ Checks, with Brent's method on phi (``_proofs_common.threshold_solve``, no libra
   (2) binary rows: every point of [x_(k+1), x_(k) - l] is a root (the hard mask);
   (3) the candidate rule for random guesses t;
   (4) the tangent and cotangent formulas against central differences;
-  (5) the library's solver="native" against Brent's root.
+  (5) the library's solver="native" against Brent's root;
+  (6) the library's bracket for the pure-JAX solvers (CappedSimplex.bracket, tightened by
+      statement 1 on the top three distinct values) is a bracket of phi, ties included.
 """
 
 import os
@@ -141,6 +143,36 @@ def check_library(rng):
     print("  (5) solver='native' equals Brent's root")
 
 
+def check_jax_bracket(rng):
+    itk = C.load_library()
+    import jax
+    import jax.numpy as jnp
+    from implicit_topk.problems import CappedSimplex
+    jax.config.update("jax_enable_x64", True)
+    rows = 0
+    for p in PS:
+        problem = CappedSimplex(itk.PNorm(p))
+        x = np.round(rng.normal(size=(200, 7)), 1)  # ties at every level
+        k = rng.choice([0.3, 1.0, 1.5, 2.0, 2.7, 3.0, 4.5], size=200)
+        l = 10 ** rng.uniform(-2, 0.5, size=200)
+        b = problem.bracket(jnp.asarray(x), jnp.asarray(k), jnp.asarray(l))
+        lo, hi = np.asarray(b.lo), np.asarray(b.hi)
+        for i in range(200):
+            # a bracket: phi(lo) >= 0 >= phi(hi) (a binary row's roots fill an interval)
+            scale = 1e-12 * (1 + k[i])
+            C.check(C.phi(lo[i], x[i], k[i], l[i], p) >= -scale
+                    and C.phi(hi[i], x[i], k[i], l[i], p) <= scale,
+                    f"x={x[i]}, k={k[i]}, l={l[i]}: [{lo[i]}, {hi[i]}] is no bracket, p = {p}")
+            lam, _ = C.threshold_solve(x[i], k[i], l[i], p)
+            C.check(C.phi(lam, x[i], k[i], l[i], p) == 0 or lo[i] <= lam <= hi[i],
+                    "Brent's root of a row with one root lies in the bracket")
+            rows += 1
+        tight = np.array([order_stats(x[i], k[i]) for i in range(200)])
+        small = k <= 2
+        C.check(np.all(hi[small] <= tight[small, 1] + 1e-15), "k <= 2: hi is x_(j+1)")
+    print(f"  (6) the pure-JAX solvers' bracket: phi(lo) >= 0 >= phi(hi) on {rows} rows")
+
+
 def main():
     rng = np.random.default_rng(13)
     print("native_bracket:")
@@ -149,6 +181,7 @@ def main():
     check_candidates(rng)
     check_derivatives(rng)
     check_library(rng)
+    check_jax_bracket(rng)
     print("native_bracket: OK")
 
 

@@ -126,12 +126,12 @@ def test_rows_longer_than_the_kernels_take_the_threshold_solver():
   assert TRITON not in text and "stablehlo.while" in text
 
 
-def test_the_kernel_uses_blocks_of_512_entries_and_8_warps():
+def test_the_kernel_uses_blocks_of_1024_entries_and_4_warps():
   text = _lower(MASK(2.0), (16384, 64))
-  assert re.search(r"num_warps\D{0,8}8", text), "num_warps = 8"
-  # 512 entries per program (the Triton IR itself is serialized in the module)
-  rows = {n: pallas_threshold.block_rows(16384, n, interpret=False) for n in (8, 64, 256, 1024)}
-  assert rows == {8: 64, 64: 8, 256: 2, 1024: 1}
+  assert re.search(r"num_warps\D{0,8}4\b", text), "num_warps = 4"
+  # 1024 entries per program, at most 128 rows (the Triton IR itself is serialized in the module)
+  rows = {n: pallas_threshold.block_rows(16384, n, interpret=False) for n in (8, 64, 256, 1024, 4096)}
+  assert rows == {8: 128, 64: 16, 256: 4, 1024: 1, 4096: 1}
 
 
 def test_native_on_a_gpu_backend_is_refused_by_name(monkeypatch):

@@ -84,6 +84,8 @@ for B, n, k, l in cells:
     ops = {"auto": lambda z: itk.soft_topk_mask(z, k, regularization_strength=l),
            "threshold": lambda z: itk.soft_topk_mask(z, k, regularization_strength=l, solver="threshold"),
            "pallas": lambda z: itk.soft_topk_mask(z, k, regularization_strength=l, solver="pallas")}
+    # MATRIX_OPS=auto,threshold: a subset (a short GPU lease)
+    ops = {a: b for a, b in ops.items() if a in os.environ.get("MATRIX_OPS", ",".join(ops)).split(",")}
     r = {}
     try: r["hard fwd"] = timed(chain(lambda z: hard_mask(z, k)), x)
     except Exception as e: r["hard fwd"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -94,7 +96,7 @@ for B, n, k, l in cells:
             r[name + " fb"] = timed(chain_grad(op, w), x)
         except Exception as e:
             r[name] = f"{type(e).__name__}: {str(e)[:300]}"
-    if n <= 1024:
+    if n <= 1024 and proto_make is not None:
         try:
             pm = proto_make(k, l, True); r["proto fb"] = timed(chain_grad(pm, w), x)
         except Exception as e:

@@ -69,6 +69,12 @@ class CappedSimplex:
   def with_layout(self, layout) -> "CappedSimplex":
     return dataclasses.replace(self, layout=layout)
 
+  @property
+  def piece_degree(self):
+    """The degree of the polynomial that phi is between two kinks (p-norm ``a = 1/(p-1)``
+    an int <= 3: ``3`` for p = 4/3, ``1`` for p = 2), else ``None``."""
+    return _regularizers.piece_degree(self.regularizer)
+
   # -- the problem ----------------------------------------------------------------
   def normalize(self, x, l):
     """``x`` minus its row's largest finite entry where that entry exceeds
@@ -180,9 +186,19 @@ class CappedSimplex:
     return (upper - k) + L.sum(L.map(self._signed_entries, x, lam_, l_))
 
   def step_scale(self, lam, l):
-    # Relative to lam alone: after `normalize`, x_i - lam is exact for entries near
-    # the top, so lam near 0 is resolved to its own ulp (the floor only avoids 0).
+    # Relative to lam (the floor avoids 0); `step_floor` raises it to the row's scale.
     return jnp.abs(lam) + jnp.finfo(lam.dtype).tiny
+
+  def step_floor(self, x):
+    """``|max_i x_i|`` over the finite entries (0 for a row without one): the entries
+    that can be fractional lie in ``[lam, max x]``, so ``x_i - lam`` is resolved to
+    ulps of ``max(|lam|, |max x|)`` and no finer step is meaningful (a threshold near 0
+    among entries of order 1 would otherwise be bisected down to its own ulps through
+    rounding noise). After ``normalize`` the top entry is 0 and the floor is 0: ``lam``
+    near 0 is resolved to its own ulps there, where ``x_i - lam`` is exact."""
+    L = self.layout
+    top = L.max(L.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x))
+    return jnp.where(jnp.isfinite(top), jnp.abs(top), jnp.zeros_like(top))
 
   def residual_scale(self, lam, k):
     return k + 1
@@ -215,6 +231,8 @@ class CappedSimplex:
       shift = l * jnp.asarray(self.regularizer.omega_prime(level), dtype)
       lo = x_min - l * z1 if np.isfinite(z1) else x_min - shift
       hi = x_max - l * z0 if np.isfinite(z0) else x_max - shift
+    if np.isfinite(z0) and np.isfinite(z1):
+      lo, hi = _top_rank_bracket(L, x, k, l, z0, z1, lo, hi, n_pos_inf)
     has_nan = L.any(L.map(jnp.isnan, x))
     at_hi = k == n_pos_inf  # all finite coordinates at 0
     at_lo = k == n_not_neg_inf  # all finite coordinates at 1
@@ -314,6 +332,52 @@ class CappedSimplex:
       v, sweeps = result.v, result.iter_num
     bracket = self.bracket(x, k, l)
     return jnp.where(bracket.known, bracket.value, _threshold_from_dual(v, k, l)), sweeps
+
+
+#: Distinct top values :func:`_top_rank_bracket` reads (rows with k <= 2 use them all).
+_TOP_LEVELS = 3
+
+
+def _top_rank_bracket(L, x, k, l, z0, z1, lo, hi, n_pos_inf):
+  r"""``[lo, hi]`` tightened to :math:`[x_{(m)} - l z_1,\ x_{(j+1)} - l z_0]`,
+  :math:`m = \lceil k \rceil`, :math:`j = \lfloor k \rfloor` (order statistics with
+  multiplicity), where those ranks lie among the row's :data:`_TOP_LEVELS` largest
+  distinct values and the row has no ``+inf`` entry; elsewhere ``[lo, hi]`` unchanged.
+
+  Valid for a saturating regularizer (``proofs/native_bracket.md``): below
+  :math:`x_{(m)} - l z_1` the top m entries are 1, so :math:`\phi \ge m - k \ge 0`;
+  above :math:`x_{(j+1)} - l z_0` at most j entries are nonzero, each at most 1, so
+  :math:`\phi \le j - k \le 0`. For the router's k of 1 or 2 the bracket then spans
+  one gap of the row's top entries instead of the whole row (fewer passes, and no
+  pass far from the root). :data:`_TOP_LEVELS` maxima and counts: no sort.
+  """
+  dtype = L.dtype(x)
+  finite = L.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x)
+  upper = jnp.full_like(lo, jnp.inf)
+  rank_value = []  # (count of entries at or above the level, the level)
+  above = jnp.zeros_like(lo)
+  for _ in range(_TOP_LEVELS):
+    level = L.max(L.map(lambda v, u: jnp.where(v < u, v, -jnp.inf), finite, L.expand(upper, x)))
+    above = above + L.count(L.map(lambda v, t: v == t, finite, L.expand(level, x)), dtype)
+    rank_value.append((above, level))
+    upper = level
+
+  def order_statistic(rank):
+    """x_(rank) where rank <= the entries at the top levels, else NaN (unknown)."""
+    value = jnp.full_like(lo, jnp.nan)
+    for count, level in reversed(rank_value):
+      value = jnp.where((rank <= count) & jnp.isfinite(level), level, value)
+    return value
+
+  usable = n_pos_inf == 0
+  top_m = order_statistic(jnp.ceil(k))
+  next_j = order_statistic(jnp.floor(k) + 1)
+  # An end that rounds back onto its entry (l below the entry's ulps, as after a shift
+  # by a far row maximum) is not a bracket end in floating point: keep the wide one.
+  tight_lo, tight_hi = top_m - l * z1, next_j - l * z0
+  lo = jnp.where(usable & (k >= 1) & (tight_lo < top_m), jnp.maximum(lo, tight_lo), lo)
+  hi = jnp.where(usable & (tight_hi > next_j - l * z1), jnp.minimum(hi, tight_hi), hi)
+  return lo, hi
 
 
 def _finite_surrogate(x, l):

@@ -88,6 +88,12 @@ class Magnitude:
   def regularizer(self) -> _regularizers.PNorm:
     return _regularizers.PNorm(self.p)
 
+  @property
+  def piece_degree(self):
+    """The degree of the polynomial that F is between two kinks (``3`` for p = 4/3),
+    or ``None``: F is linear in ``lam`` plus a sum of ``g((s_i - lam) / l)``."""
+    return _regularizers.piece_degree(self.regularizer)
+
   def _link(self, t, l):
     """g(t / l) for 0 < t < inf, 0 for t = 0, inf for t = inf; finite derivatives."""
     inside = (t > 0) & (t < jnp.inf)

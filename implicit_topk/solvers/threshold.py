@@ -39,12 +39,13 @@ def tolerances(dtype) -> tuple[float, float]:
 def newton_proposal(derivatives, lam, lo, hi, tols, step_scale, residual_scale):
   """The safeguarded iteration's proposal at ``lam``: ``(phi, phi', lo, hi, step, newton,
   scale, small_step, accept)``. The bracket ``[lo, hi]`` shrinks to ``lam`` on the side
-  ``phi`` says; ``step`` is Newton's step, or Schroeder's where it is longer; ``newton =
-  lam - step``; ``accept`` marks a step below ``step_tol * scale`` with ``abs(phi)`` at
-  rounding level (shared by :func:`safeguarded_newton_step` and the GPU kernel's
-  bounded iteration)."""
+  ``phi`` says; ``step`` is Newton's step, or Schroeder's where it is longer, refined to
+  the root of the polynomial phi is on at the current piece where ``derivatives`` also
+  gives phi''' (:func:`piece_refined_step`); ``newton = lam - step``; ``accept`` marks a
+  step below ``step_tol * scale`` with ``abs(phi)`` at rounding level (shared by
+  :func:`safeguarded_newton_step` and the GPU kernel's bounded iteration)."""
   step_tol, phi_tol = tols
-  phi, dphi, d2phi = derivatives(lam)
+  phi, dphi, d2phi, *d3phi = derivatives(lam)
   lo = jnp.where(phi > 0, lam, lo)
   hi = jnp.where(phi < 0, lam, hi)
   newton_step = phi / jnp.where(dphi < 0, dphi, -1)
@@ -52,6 +53,8 @@ def newton_proposal(derivatives, lam, lo, hi, tols, step_scale, residual_scale):
   schroeder_step = phi * dphi / jnp.where(denominator > 0, denominator, 1)
   longer = (denominator > 0) & (jnp.abs(schroeder_step) > jnp.abs(newton_step))
   step = jnp.where(longer, schroeder_step, newton_step)
+  if d3phi:
+    step = piece_refined_step(step, phi, dphi, d2phi, d3phi[0])
   newton = lam - step
   scale = step_scale(lam)
   small_step = jnp.abs(step) <= step_tol * scale
@@ -59,19 +62,51 @@ def newton_proposal(derivatives, lam, lo, hi, tols, step_scale, residual_scale):
   return phi, dphi, lo, hi, step, newton, scale, small_step, accept
 
 
+#: Newton steps on the piece's polynomial per pass (no pass over the entries).
+PIECE_REFINEMENTS = 3
+
+
+def piece_refined_step(step, phi, dphi, d2phi, d3phi):
+  r"""``step`` (of ``lam -> lam - step``) refined towards the root of the Taylor cubic
+
+  .. math:: c(s) = \phi + \phi' s + \phi'' s^2/2 + \phi''' s^3/6 ,
+
+  which *is* phi on the current piece when phi is a polynomial of degree at most 3
+  between kinks (p-norm regularizers with p in {2, 3/2, 4/3}: no entry enters or leaves
+  the fractional range). :data:`PIECE_REFINEMENTS` Newton steps on ``c`` from
+  ``s = -step``, each kept only where ``c'(s) < 0`` (phi is nonincreasing); ``step``
+  itself where the result is not finite. A root on the current piece is then reached in
+  one pass (confirmed by the next), as Newton's is for p = 2. Only the proposal changes:
+  the caller's safeguards (inside the bracket, at most half the previous step, else a
+  bisection) and stopping rules are unchanged."""
+  s = -step
+  for _ in range(PIECE_REFINEMENTS):
+    slope = dphi + s * (d2phi + 0.5 * s * d3phi)
+    value = phi + s * (dphi + s * (0.5 * d2phi + s * d3phi / 6))
+    s = jnp.where(slope < 0, s - value / jnp.where(slope < 0, slope, -1), s)
+  return jnp.where(jnp.isfinite(s), -s, step)
+
+
 def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_scale,
-                            geometric=False):
+                            geometric=False, free_passes=None):
   """One safeguarded (Schroeder-)Newton iteration on a nonincreasing scalar function.
 
-  ``derivatives(lam) -> (phi, phi', phi'')`` per row;
-  ``carry = (lam, lo, hi, prev_step, done, iter_num)``; rows already done stay put.
+  ``derivatives(lam) -> (phi, phi', phi''[, phi'''])`` per row;
+  ``carry = (lam, lo, hi, (last_step, step_before, phi_lo, phi_hi), done, iter_num)``
+  (``phi_lo``, ``phi_hi``: phi at the bracket's ends, NaN where not evaluated); rows
+  already done stay put.
 
   The sign of ``phi`` shrinks the bracket. A Newton step is taken only if it lands
-  strictly inside the bracket and is at most half the previous step (as in Numerical
-  Recipes' rtsafe; this rules out cycles and slow creeping), otherwise we bisect
-  (when ``geometric``, every other bisection of a bracket spanning more than two
-  binades halves its ordered bit patterns instead, :func:`_ordered_middle`: roots many
-  decades below the bracket's far end, or near 0 in a bracket from -1e300).
+  strictly inside the bracket and is at most half the step before the last one (as in
+  Numerical Recipes' rtsafe; this rules out cycles and slow creeping, and lets Newton
+  resume right after a fallback step). Otherwise, on odd passes, the false-position
+  point of the bracket's ends (the secant through ``(lo, phi_lo)`` and
+  ``(hi, phi_hi)``) where both are known and it lies strictly inside: one step to a
+  root next to a kink, where a curved piece makes Newton overshoot the bracket (a
+  saturating top entry); on even passes, or without it, we bisect (when ``geometric``,
+  a bracket spanning more than two binades halves its ordered bit patterns instead,
+  :func:`_ordered_middle`: roots many decades below the bracket's far end, or near 0
+  in a bracket from -1e300). So the bracket at least halves every other rejected pass.
   Schroeder's step (Newton on phi / phi') replaces Newton's
   where it is longer: near the degenerate roots phi ~ c (lam - a)^m at which a flat
   piece of phi starts (p < 2), Newton converges only linearly and Schroeder's step lands
@@ -79,23 +114,48 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   ``abs(phi) <= phi_tol * residual_scale(lam)`` too (a huge slope, e.g. p > 2 near a
   coordinate leaving 0, could otherwise stall Newton); a collapsed bracket or
   ``phi == 0`` also stop.
+
+  ``free_passes`` (an int; the GPU kernel's bounded iteration,
+  :mod:`implicit_topk.kernels.gpu.bounded_newton`): from that pass on, every other pass
+  takes the ordered midpoint of the bracket whatever Newton proposes, and a bracket
+  with no float strictly inside also stops (R4 of Proposition 17).
   """
   step_tol = tols[0]
-  lam, lo, hi, prev_step, done, iter_num = carry
+  lam, lo, hi, (last_step, step_before, phi_lo, phi_hi), done, iter_num = carry
   phi, dphi, lo, hi, step, newton, scale, small_step, accept = newton_proposal(
       derivatives, lam, lo, hi, tols, step_scale, residual_scale)
-  use_newton = accept | ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
-                         & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)))
+  phi_lo = jnp.where(phi > 0, phi, phi_lo)
+  phi_hi = jnp.where(phi < 0, phi, phi_hi)
+  newton_inside = ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
+                   & (jnp.abs(step) <= 0.5 * jnp.abs(step_before)))
+  even = iter_num % 2 == 0
   middle = midpoint(lo, hi)
   if geometric:
-    middle = jnp.where(iter_num % 2 == 0, _ordered_middle(lo, hi, middle), middle)
-  candidate = jnp.where(use_newton, newton, middle)
+    middle = jnp.where(even, _ordered_middle(lo, hi, middle), middle)
+  secant = lo + (hi - lo) * (phi_lo / (phi_lo - phi_hi))  # NaN where an end is unknown
+  middle = jnp.where(~even & (secant > lo) & (secant < hi), secant, middle)
+  # Newton just beyond an end (by less than its own step): the root sits within rounding
+  # of that end, at a kink (a top entry saturating there). Half the stopping width
+  # inside the end: a sign change there stops the row by the bracket rule.
+  nudge = 0.5 * step_tol * scale
+  near_lo = (dphi < 0) & (newton <= lo) & (lo - newton < lam - lo) & (lo + nudge < hi)
+  near_hi = (dphi < 0) & (newton >= hi) & (newton - hi < hi - lam) & (hi - nudge > lo)
+  middle = jnp.where(~even & near_lo, lo + nudge, middle)
+  middle = jnp.where(~even & near_hi, hi - nudge, middle)
   converged = (phi == 0) | (hi - lo <= step_tol * scale) | accept
+  if free_passes is not None:
+    ordered = ordered_midpoint(lo, hi)
+    forced = (iter_num >= free_passes) & ((iter_num - free_passes) % 2 == 0)
+    newton_inside = newton_inside & ~forced
+    middle = jnp.where(forced, ordered, middle)
+    converged = converged | (ordered == lo) | (ordered == hi)  # R4: no float inside
+  candidate = jnp.where(accept | newton_inside, newton, middle)
   new_lam = jnp.where(phi == 0, lam, candidate)
-  prev_step = jnp.where(done, prev_step, new_lam - lam)
+  memory = (jnp.where(done, last_step, new_lam - lam), jnp.where(done, step_before, last_step),
+            phi_lo, phi_hi)
   lam = jnp.where(done, lam, new_lam)
   iter_num = iter_num + jnp.where(done, 0, 1)
-  return lam, lo, hi, prev_step, done | converged, iter_num
+  return lam, lo, hi, memory, done | converged, iter_num
 
 
 def _ordered_middle(lo, hi, middle):
@@ -133,24 +193,48 @@ def ordered_midpoint(a, b):
 
 
 def _derivatives(problem, x, k, l):
-  """lam -> (phi, phi', phi'') per row, by nested ``jax.jvp`` (one fused pass)."""
+  """lam -> (phi, phi', phi'') per row, by nested ``jax.jvp`` (one fused pass), and
+  phi''' too where phi is a polynomial of degree 2 or 3 between kinks
+  (``problem.piece_degree``; :func:`piece_refined_step` then uses it)."""
   fun = lambda lam: problem.optimality(lam, x, k, l)
+  third = getattr(problem, "piece_degree", None) in (2, 3)
 
   def derivatives(lam):
     ones = jnp.ones_like(lam)
-    (phi, dphi), (_, d2phi) = jax.jvp(
-        lambda u: jax.jvp(fun, (u,), (ones,)), (lam,), (ones,))
-    return phi, dphi, d2phi
+    first = lambda u: jax.jvp(fun, (u,), (ones,))
+    if not third:
+      (phi, dphi), (_, d2phi) = jax.jvp(first, (lam,), (ones,))
+      return phi, dphi, d2phi
+    second = lambda u: jax.jvp(first, (u,), (ones,))
+    ((phi, dphi), (_, d2phi)), (_, (_, d3phi)) = jax.jvp(second, (lam,), (ones,))
+    return phi, dphi, d2phi, d3phi
 
   return derivatives
 
 
-def _newton_step(problem, tols, x, k, l, carry):
-  return safeguarded_newton_step(
-      _derivatives(problem, x, k, l), carry, tols=tols,
-      step_scale=lambda lam: problem.step_scale(lam, l),
+def newton_iteration(problem, x, k, l, **options):
+  """``carry -> carry``: one :func:`safeguarded_newton_step` on the rows of ``x``, with
+  the problem's derivatives and scales. Everything that does not change from pass to
+  pass (the step floor: :meth:`step_floor` where the problem has one) is computed here,
+  once, outside the loop that calls the returned function."""
+  tols = tolerances(problem.layout.dtype(x) if hasattr(problem, "layout") else x.dtype)
+  floor = problem.step_floor(x) if hasattr(problem, "step_floor") else None
+  step_scale = lambda lam: problem.step_scale(lam, l)
+  if floor is not None:
+    step_scale = lambda lam: jnp.maximum(problem.step_scale(lam, l), floor)
+  derivatives = _derivatives(problem, x, k, l)
+  return lambda carry: safeguarded_newton_step(
+      derivatives, carry, tols=tols, step_scale=step_scale,
       residual_scale=lambda lam: problem.residual_scale(lam, k),
-      geometric=problem.geometric)
+      geometric=problem.geometric, **options)
+
+
+def initial_memory(last_step):
+  """The iteration's memory before its first pass: ``(last_step, step_before, phi_lo,
+  phi_hi)`` with both steps ``last_step`` (a bound on the first Newton step) and phi at
+  the bracket's ends unknown (NaN)."""
+  unknown = jnp.full_like(last_step, jnp.nan)
+  return (last_step, last_step, unknown, unknown)
 
 
 def _init_carry(problem, init, x, k, l):
@@ -164,8 +248,8 @@ def _init_carry(problem, init, x, k, l):
       init, bracket.lo, bracket.hi)
   lam = jnp.where(bracket.known, bracket.value, start)
   iter_num = jnp.zeros_like(lam, jnp.int32)  # zeros_like: keeps shard_map's varying axes
-  return (lam, bracket.lo, bracket.hi, 2 * (bracket.hi - bracket.lo), bracket.known,
-          iter_num), bracket
+  memory = initial_memory(2 * (bracket.hi - bracket.lo))
+  return (lam, bracket.lo, bracket.hi, memory, bracket.known, iter_num), bracket
 
 
 def _finish(problem, lam, x, k, l, bracket):
@@ -235,17 +319,13 @@ class ThresholdSolver(ThresholdRootSolver):
     _validation.check_maxiter(self.maxiter)
 
   def _solve(self, init, x, k, l):
-    tols = tolerances(self.layout.dtype(x))
     carry, bracket = _init_carry(self.problem, init, x, k, l)
 
     def cond(carry):
       *_, done, iter_num = carry
       return jnp.any(~done & (iter_num < self.maxiter))
 
-    def body(carry):
-      return _newton_step(self.problem, tols, x, k, l, carry)
-
-    lam, *_, iter_num = jax.lax.while_loop(cond, body, carry)
+    lam, *_, iter_num = jax.lax.while_loop(cond, newton_iteration(self.problem, x, k, l), carry)
     return _finish(self.problem, lam, x, k, l, bracket), iter_num
 
   def solve_and_map(self, x, k, l):
@@ -257,9 +337,8 @@ class ThresholdSolver(ThresholdRootSolver):
 
   def _solve_unrolled(self, init, x, k, l):
     """``maxiter`` iterations in ``lax.fori_loop``: differentiable by autodiff."""
-    tols = tolerances(self.layout.dtype(x))
     carry, bracket = _init_carry(self.problem, init, x, k, l)
-    carry = jax.lax.fori_loop(
-        0, self.maxiter, lambda _, c: _newton_step(self.problem, tols, x, k, l, c), carry)
+    step = newton_iteration(self.problem, x, k, l)
+    carry = jax.lax.fori_loop(0, self.maxiter, lambda _, c: step(c), carry)
     lam, *_, iter_num = carry
     return _finish(self.problem, lam, x, k, l, bracket), iter_num

@@ -4,18 +4,22 @@ The fused GPU kernel (:mod:`implicit_topk.kernels.gpu.pallas_threshold`) must fi
 row inside the kernel: a fallback outside it would be a data-dependent ``lax.cond`` at the
 XLA level, which on XLA:GPU copies its predicate to the host and blocks. This module is
 the iteration that makes that possible (``proofs/pallas_bounded_iteration.md``,
-Proposition 17).
+Proposition 17). The pass itself is :func:`implicit_topk.solvers.threshold.
+safeguarded_newton_step` with ``free_passes`` (through
+:func:`implicit_topk.solvers.threshold.newton_iteration`); this module holds the cap
+and the ordered keys.
 
 For a continuous, nonincreasing :math:`\phi` with a bracket :math:`[lo, hi]` of finite
 floats (:math:`\hat\phi(lo) \ge 0 \ge \hat\phi(hi)` up to rounding), each *pass*
-evaluates :math:`\hat\phi, \hat\phi', \hat\phi''` at the iterate :math:`\lambda`, moves
+evaluates :math:`\hat\phi` and its derivatives at the iterate :math:`\lambda`, moves
 ``lo`` (``hi``) to :math:`\lambda` where :math:`\hat\phi > 0` (:math:`< 0`), and picks
 the next iterate:
 
 * passes ``0 .. free_passes - 1``: exactly the step of the pure-JAX threshold solver
   (:func:`implicit_topk.solvers.threshold.safeguarded_newton_step`): a Newton (or
-  Schroeder) point strictly inside the bracket and at most half the previous step, else
-  a bisection point;
+  Schroeder, refined on the piece) point strictly inside the bracket and at most half
+  the step before the last, else a false-position, near-end or bisection point inside
+  the bracket;
 * from pass ``free_passes`` on, every other pass (``(t - free_passes)`` even) takes the
   *ordered midpoint* of the bracket whatever Newton proposes: the float whose ordered
   bit pattern (the monotone integer key of :func:`ordered_key`) is the floor-average of
@@ -41,7 +45,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk.problems.base import midpoint
 import implicit_topk.solvers.threshold as _threshold
 
 #: Passes of the unconstrained safeguarded Newton iteration before the forced ordered
@@ -75,34 +78,3 @@ def exhausted(lo, hi):
   1 (no integer difference is formed, so nothing overflows)."""
   middle = _threshold.ordered_midpoint(lo, hi)
   return (middle == lo) | (middle == hi)
-
-
-def bounded_step(derivatives, carry, *, tols, step_scale, residual_scale, geometric,
-                 free_passes: int):
-  """One pass of the bounded iteration; ``carry = (lam, lo, hi, prev_step, done, iter_num)``.
-
-  ``derivatives(lam) -> (phi, phi', phi'')`` per row. Rows already ``done`` stay put.
-  Up to pass ``free_passes`` this is :func:`implicit_topk.solvers.threshold.
-  safeguarded_newton_step` (with R4 as one more stopping rule); after it, every other
-  pass bisects the bracket's ordered bit patterns.
-  """
-  step_tol = tols[0]
-  lam, lo, hi, prev_step, done, iter_num = carry
-  phi, dphi, lo, hi, step, newton, scale, small_step, accept = _threshold.newton_proposal(
-      derivatives, lam, lo, hi, tols, step_scale, residual_scale)
-  forced = (iter_num >= free_passes) & ((iter_num - free_passes) % 2 == 0)
-  use_newton = accept | ((dphi < 0) & (newton > lo) & (newton < hi) & ~small_step
-                         & (jnp.abs(step) <= 0.5 * jnp.abs(prev_step)) & ~forced)
-  ordered = _threshold.ordered_midpoint(lo, hi)
-  middle = midpoint(lo, hi)
-  if geometric:
-    middle = jnp.where(iter_num % 2 == 0, _threshold._ordered_middle(lo, hi, middle), middle)  # pylint: disable=protected-access
-  middle = jnp.where(forced, ordered, middle)
-  candidate = jnp.where(use_newton, newton, middle)
-  no_float_inside = (ordered == lo) | (ordered == hi)  # R4, as in `exhausted`
-  converged = (phi == 0) | (hi - lo <= step_tol * scale) | accept | no_float_inside
-  new_lam = jnp.where(phi == 0, lam, candidate)
-  prev_step = jnp.where(done, prev_step, new_lam - lam)
-  lam = jnp.where(done, lam, new_lam)
-  iter_num = iter_num + jnp.where(done, 0, 1)
-  return lam, lo, hi, prev_step, done | converged, iter_num

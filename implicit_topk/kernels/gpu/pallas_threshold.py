@@ -44,8 +44,10 @@ rows held in registers, longer rows up to 65536 one per program, read in chunks
 power of two with the problem's ``excluded_value`` (never selected, output exactly
 0, so the threshold does not change) and the batch to a multiple of the block of
 rows (no copy when ``n`` is a power of two and the batch a multiple of the block).
-Blocks hold about ``_GPU_BLOCK_ELEMENTS`` (512) entries: 512 beat 2048 at every
-measured cell on an H100, and ``num_warps=8`` beat Triton's default (4) everywhere.
+Blocks hold about ``_GPU_BLOCK_ELEMENTS`` (1024) entries with Triton's default 4 warps
+(H100, jax 0.11.2, the kernel of this iteration: ``benchmarks/results/gpu_h100_diag.jsonl``;
+4 warps beat 8 by 10-30% at every router cell, 1024 entries beat 512 at 16384 x 64 and
+16384 x 256 and tied at 16384 x 8).
 Accumulation is in float32 for float32, bfloat16 and float16 inputs and in float64
 for float64 inputs.
 """
@@ -68,12 +70,11 @@ import implicit_topk.solvers.threshold as _threshold
 #: one row live in one program's registers or on-chip memory.
 MAX_ROW_LENGTH = 4096
 #: Target entries per program on a GPU: rows per block = this / padded row length,
-#: clipped to [1, _GPU_MAX_BLOCK_ROWS] (H100, jax 0.11.2: 512 beat 2048 at 16384 x 64
-#: and 16384 x 256; ../shared/gpu-h100/diag.jsonl).
-_GPU_BLOCK_ELEMENTS = 512
+#: clipped to [1, _GPU_MAX_BLOCK_ROWS] (H100, jax 0.11.2: see the module docstring).
+_GPU_BLOCK_ELEMENTS = 1024
 _GPU_MAX_BLOCK_ROWS = 128
-#: Triton warps per program (8 beat the default 4 at every measured cell).
-DEFAULT_NUM_WARPS = 8
+#: Triton warps per program (4, Triton's default, beat 8 at every measured router cell).
+DEFAULT_NUM_WARPS = 4
 #: The custom call target of Pallas' Triton lowering.
 TRITON_TARGET = "__gpu$xla.gpu.triton"
 #: In interpret mode one program takes up to this many entries (the batch in a few
@@ -166,29 +167,23 @@ def solve_block(problem, x, k, l, init, *, free_passes: int = bounded_newton.FRE
 
   ``x`` is ``(rows, n)`` (already normalized), ``k``, ``l`` and ``init`` (or ``None``)
   are ``(rows,)``, all in the accumulation dtype. Bracket and start from the problem,
-  then passes of :func:`bounded_newton.bounded_step` while a row is pending, at most
+  then passes of :func:`implicit_topk.solvers.threshold.newton_iteration` with
+  ``free_passes`` while a row is pending, at most
   :func:`bounded_newton.pass_cap` (a row stops by its own rules before: Proposition 17),
   then the problem's ``snap`` and the bracket's known rows. Returns ``(lam, iter_num,
   certified)``; ``certified`` (stopped by a rule or answered by the bracket) holds for
   every row by construction and is returned for the tests.
   """
   problem = problem.with_layout(_BLOCK_ROWS if layout is None else layout)
-  tols = _threshold.tolerances(x.dtype)
   cap = bounded_newton.pass_cap(x.dtype, free_passes)
   carry, bracket = _threshold._init_carry(problem, init, x, k, l)  # pylint: disable=protected-access
-  derivatives = _threshold._derivatives(problem, x, k, l)  # pylint: disable=protected-access
 
   def cond(carry):
     *_, done, iter_num = carry
     pending = jnp.where(~done & (iter_num < cap), 1, 0)
     return jnp.sum(pending) > 0  # no boolean `any` reduction (Triton)
 
-  def body(carry):
-    return bounded_newton.bounded_step(
-        derivatives, carry, tols=tols, step_scale=lambda lam: problem.step_scale(lam, l),
-        residual_scale=lambda lam: problem.residual_scale(lam, k),
-        geometric=problem.geometric, free_passes=free_passes)
-
+  body = _threshold.newton_iteration(problem, x, k, l, free_passes=free_passes)
   lam, _, _, _, done, iter_num = jax.lax.while_loop(cond, body, carry)
   lam = _threshold._finish(problem, lam, x, k, l, bracket)  # pylint: disable=protected-access
   return lam, iter_num, done
@@ -388,8 +383,8 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
     interpret: ``None`` (default): the Triton kernel when lowered for CUDA or ROCm,
       interpret mode for any other platform (chosen per platform at lowering, so a
       function exported for several platforms gets each); ``True``/``False`` force it.
-    num_warps: Triton warps per program (default 8; ``None``: Triton's default).
-    block_elements: target entries per program on a GPU (default 512).
+    num_warps: Triton warps per program (default 4; ``None``: Triton's default).
+    block_elements: target entries per program on a GPU (default 1024).
     write_output: whether the kernel writes the operator's output.
     chunk: ``None`` (default): one block of rows per program for rows of at most
       ``MAX_ROW_LENGTH`` entries, one row per program read in chunks of
