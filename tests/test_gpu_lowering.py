@@ -16,6 +16,7 @@ default exports for CPU and CUDA together from this host, and runs here.
 from __future__ import annotations
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -228,3 +229,18 @@ def test_mosaic_gpu_lowers_row_reductions_but_not_the_kernel_body():
         out_shape=jax.ShapeDtypeStruct(z.shape, z.dtype),
         compiler_params=plgpu.CompilerParams())(z)).trace(
             jax.ShapeDtypeStruct((128, 64), jnp.float64)).lower(lowering_platforms=("cuda",))
+
+
+def test_lowering_for_a_gpu_silences_only_jax_notice_that_triton_is_deprecated():
+  """jax 0.11 warns at every Triton lowering; users of the default get no such warning,
+  and every other DeprecationWarning still reaches them."""
+  _lower(MASK(2.0), (8, 64))
+  with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always", append=True)
+    warnings.warn("The Pallas Triton backend is deprecated and will be removed in a future "
+                  "JAX version. To keep using Pallas on GPU, ...", DeprecationWarning)
+    warnings.warn("another deprecation", DeprecationWarning)
+    warnings.warn("The Pallas Triton backend is deprecated and will be removed in a future "
+                  "JAX version.", UserWarning)
+  assert [(str(w.message)[:20], w.category) for w in seen] == [
+      ("another deprecation", DeprecationWarning), ("The Pallas Triton ba", UserWarning)]

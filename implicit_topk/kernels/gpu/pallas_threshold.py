@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +78,21 @@ _GPU_MAX_BLOCK_ROWS = 128
 DEFAULT_NUM_WARPS = 4
 #: The custom call target of Pallas' Triton lowering.
 TRITON_TARGET = "__gpu$xla.gpu.triton"
+#: jax 0.11 warns at every lowering of a Pallas Triton kernel that the backend is
+#: deprecated (Mosaic GPU replaces it). The Triton lowering is this library's documented
+#: choice (it runs on every CUDA GPU from sm80; Mosaic GPU needs sm90), so the warning is
+#: ours to act on, not our users': :func:`_filter_triton_deprecation`.
+TRITON_DEPRECATION = (r"The Pallas Triton backend is deprecated and will be removed in"
+                      r" a future JAX version")
+
+
+def _filter_triton_deprecation() -> None:
+  """Ignores :data:`TRITON_DEPRECATION` (that message, as a ``DeprecationWarning``
+  only) for the rest of the process, from the kernel's first lowering for a GPU on
+  (again at each lowering: ``warnings`` keeps one copy, first). JAX emits it while
+  lowering the jit around the call, after this library's code has returned, so a
+  filter scoped to the call could not see it."""
+  warnings.filterwarnings("ignore", message=TRITON_DEPRECATION, category=DeprecationWarning)
 #: In interpret mode one program takes up to this many entries (the batch in a few
 #: programs: the grid becomes a sequential loop there).
 _INTERPRET_BLOCK_ELEMENTS = 1 << 20
@@ -311,6 +327,8 @@ def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_el
           write_output, chunk=None):
   """One ``pallas_call`` over the padded ``(batch, n)`` array."""
   pl, triton_params = _pallas()
+  if not interpret:
+    _filter_triton_deprecation()
   batch, n = x.shape
   dtype = accumulation_dtype(x.dtype)
   if interpret and _varying_axes(x):
