@@ -8,7 +8,9 @@ Checks, with Brent's method on phi and on h (scipy, no library code):
   (4) the monotone Newton iterations for h^{-1} and their lower bounds;
   (5) the values and derivatives the kernel iterates on (F/lam, F'_mu/lam, F''_mu/lam)
       against central differences of F;
-  (6) the library's solver="native" against Brent's root and output.
+  (6) the library's solver="native" against Brent's root and output;
+  (7) the pure-JAX solvers' bracket (Magnitude.bracket, tightened by statement 1 on the
+      top three distinct magnitudes) is a bracket of phi, ties included.
 """
 
 import os
@@ -265,6 +267,31 @@ def check_library(rng):
     print("  (6) solver='native' equals Brent's root and output")
 
 
+def check_jax_bracket(rng):
+    itk = C.load_library()
+    if itk is None:
+        return
+    import jax
+    import jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+    rows = 0
+    for p in PS:
+        x = np.round(rng.normal(size=(100, 7)), 1) * rng.choice([-1, 1], size=(100, 7))
+        x[:, 0] = 1.5  # at least two nonzero magnitudes, ties with the others
+        x[:, 1] = -1.5
+        k = rng.choice([0.4, 1.0, 1.5, 2.0, 2.5], size=100)
+        l = 10 ** rng.uniform(-1.5, 0.5, size=100)
+        b = itk.problems.Magnitude(p).bracket(jnp.asarray(x), jnp.asarray(k), jnp.asarray(l))
+        lo, hi, known = (np.asarray(v) for v in (b.lo, b.hi, b.known))
+        for i in np.flatnonzero(~known):
+            s = np.abs(x[i])
+            C.check(0 < lo[i] <= hi[i], "0 < lo <= hi")
+            C.check(phi(lo[i], s, k[i], l[i], p) >= -1e-12 and phi(hi[i], s, k[i], l[i], p) <= 1e-12,
+                    f"x={x[i]}, k={k[i]}, l={l[i]}: [{lo[i]}, {hi[i]}] is no bracket, p = {p}")
+            rows += 1
+    print(f"  (7) the pure-JAX solvers' bracket: phi(lo) >= 0 >= phi(hi) on {rows} rows")
+
+
 def main():
     rng = np.random.default_rng(16)
     print("native_magnitude_bracket:")
@@ -274,6 +301,7 @@ def main():
     check_h_inverse(rng)
     check_terms(rng)
     check_library(rng)
+    check_jax_bracket(rng)
     print("native_magnitude_bracket: OK")
 
 

@@ -234,6 +234,7 @@ def test_mosaic_gpu_lowers_row_reductions_but_not_the_kernel_body():
 def test_lowering_for_a_gpu_silences_only_jax_notice_that_triton_is_deprecated():
   """jax 0.11 warns at every Triton lowering; users of the default get no such warning,
   and every other DeprecationWarning still reaches them."""
+  jax.clear_caches()  # lowered afresh (pytest reset the filters after earlier lowerings)
   _lower(MASK(2.0), (8, 64))
   with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always", append=True)

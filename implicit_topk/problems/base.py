@@ -122,3 +122,32 @@ def midpoint(a, b):
   (``0.5 * a + 0.5 * b`` is not enough: XLA refactors it into ``0.5 * (a + b)``.)"""
   same_sign = (a >= 0) == (b >= 0)
   return jnp.where(same_sign, a + 0.5 * (b - a), 0.5 * (a + b))
+
+
+#: Distinct top values :func:`top_order_statistics` reads (enough for k <= 2).
+TOP_LEVELS = 3
+
+
+def top_order_statistics(layout, values, ranks):
+  r"""The order statistics :math:`v_{(r)}` (largest first, with multiplicity) of the
+  finite ``values`` of each row, for each per-row rank ``r`` in ``ranks``, where ``r``
+  falls among the row's :data:`TOP_LEVELS` largest distinct values; NaN elsewhere
+  (unknown). :data:`TOP_LEVELS` maxima and counts of a row: no sort."""
+  L = layout
+  dtype = L.dtype(values)
+  finite = L.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), values)
+  upper = jnp.full(ranks[0].shape, jnp.inf, dtype)
+  above = jnp.zeros(ranks[0].shape, dtype)
+  levels = []  # (count of entries at or above the level, the level)
+  for _ in range(TOP_LEVELS):
+    level = L.max(L.map(lambda v, u: jnp.where(v < u, v, -jnp.inf), finite, L.expand(upper, values)))
+    above = above + L.count(L.map(lambda v, t: v == t, finite, L.expand(level, values)), dtype)
+    levels.append((above, level))
+    upper = level
+  out = []
+  for rank in ranks:
+    value = jnp.full(rank.shape, jnp.nan, dtype)
+    for count, level in reversed(levels):
+      value = jnp.where((rank <= count) & jnp.isfinite(level), level, value)
+    out.append(value)
+  return out

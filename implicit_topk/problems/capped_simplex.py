@@ -27,7 +27,8 @@ import numpy as np
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
-from implicit_topk.problems.base import Bracket, finite_moments, midpoint, upper_quantile_of_normal
+from implicit_topk.problems.base import (Bracket, finite_moments, midpoint, top_order_statistics,
+                                         upper_quantile_of_normal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,44 +335,22 @@ class CappedSimplex:
     return jnp.where(bracket.known, bracket.value, _threshold_from_dual(v, k, l)), sweeps
 
 
-#: Distinct top values :func:`_top_rank_bracket` reads (rows with k <= 2 use them all).
-_TOP_LEVELS = 3
-
-
 def _top_rank_bracket(L, x, k, l, z0, z1, lo, hi, n_pos_inf):
   r"""``[lo, hi]`` tightened to :math:`[x_{(m)} - l z_1,\ x_{(j+1)} - l z_0]`,
   :math:`m = \lceil k \rceil`, :math:`j = \lfloor k \rfloor` (order statistics with
-  multiplicity), where those ranks lie among the row's :data:`_TOP_LEVELS` largest
-  distinct values and the row has no ``+inf`` entry; elsewhere ``[lo, hi]`` unchanged.
+  multiplicity), where those ranks lie among the row's largest distinct values
+  (:func:`~implicit_topk.problems.base.top_order_statistics`) and the row has no
+  ``+inf`` entry; elsewhere ``[lo, hi]`` unchanged.
 
-  Valid for a saturating regularizer (``proofs/native_bracket.md``): below
+  Valid for a saturating regularizer (``proofs/native_bracket.md``, statement 1): below
   :math:`x_{(m)} - l z_1` the top m entries are 1, so :math:`\phi \ge m - k \ge 0`;
   above :math:`x_{(j+1)} - l z_0` at most j entries are nonzero, each at most 1, so
   :math:`\phi \le j - k \le 0`. For the router's k of 1 or 2 the bracket then spans
   one gap of the row's top entries instead of the whole row (fewer passes, and no
-  pass far from the root). :data:`_TOP_LEVELS` maxima and counts: no sort.
+  pass far from the root).
   """
-  dtype = L.dtype(x)
-  finite = L.map(lambda v: jnp.where(jnp.isfinite(v), v, -jnp.inf), x)
-  upper = jnp.full_like(lo, jnp.inf)
-  rank_value = []  # (count of entries at or above the level, the level)
-  above = jnp.zeros_like(lo)
-  for _ in range(_TOP_LEVELS):
-    level = L.max(L.map(lambda v, u: jnp.where(v < u, v, -jnp.inf), finite, L.expand(upper, x)))
-    above = above + L.count(L.map(lambda v, t: v == t, finite, L.expand(level, x)), dtype)
-    rank_value.append((above, level))
-    upper = level
-
-  def order_statistic(rank):
-    """x_(rank) where rank <= the entries at the top levels, else NaN (unknown)."""
-    value = jnp.full_like(lo, jnp.nan)
-    for count, level in reversed(rank_value):
-      value = jnp.where((rank <= count) & jnp.isfinite(level), level, value)
-    return value
-
+  top_m, next_j = top_order_statistics(L, x, (jnp.ceil(k), jnp.floor(k) + 1))
   usable = n_pos_inf == 0
-  top_m = order_statistic(jnp.ceil(k))
-  next_j = order_statistic(jnp.floor(k) + 1)
   # An end that rounds back onto its entry (l below the entry's ulps, as after a shift
   # by a far row maximum) is not a bracket end in floating point: keep the wide one.
   tight_lo, tight_hi = top_m - l * z1, next_j - l * z0

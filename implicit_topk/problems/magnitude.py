@@ -30,7 +30,8 @@ import numpy as np
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
-from implicit_topk.problems.base import Bracket, midpoint, upper_quantile_of_normal
+from implicit_topk.problems.base import (Bracket, midpoint, top_order_statistics,
+                                         upper_quantile_of_normal)
 from implicit_topk.problems.capped_simplex import _check_sortable
 
 _BISECT_STEPS = 64  # scalar bisection steps for h^{-1} when snapping binary rows
@@ -175,7 +176,16 @@ class Magnitude:
     all_kept = nnz <= k_f
     known = infeasible | all_zero | all_kept
     value = jnp.where(infeasible, jnp.nan, jnp.where(all_zero, s_max + l, 0)).astype(dtype)
-    return Bracket(jnp.minimum(lo, 0.5 * s_max), s_max, known, value)
+    lo, hi = jnp.minimum(lo, 0.5 * s_max), s_max
+    # Tightened by the row's top magnitudes (``proofs/native_magnitude_bracket.md``,
+    # statement 1): phi(lam) >= 0 for h(lam) <= s_(m), phi(s_(j+1)) <= 0. A lower end
+    # with h(lo) <= s_(m): min(s_(m) / 2, g(s_(m) / (2 l))), as above for the smallest s.
+    top_m, next_j = top_order_statistics(L, s, (jnp.ceil(k), jnp.floor(k) + 1))
+    usable = (n_inf == 0) & (k >= 1)
+    tight_lo = jnp.minimum(0.5 * top_m, self.regularizer.link(0.5 * top_m / l))
+    lo = jnp.where(usable & (tight_lo > lo) & (tight_lo < hi), tight_lo, lo)
+    hi = jnp.where(usable & (next_j > lo) & (next_j < hi), next_j, hi)
+    return Bracket(lo, hi, known, value)
 
   def initial_guess(self, x, k, l, bracket: Bracket):
     r"""The (k+1)-th largest :math:`|x_i|` as a half-normal sample would put it.
