@@ -22,7 +22,10 @@ perspective", ICML). No sort (``proofs/native_bracket.md``):
   (checked: at least :math:`m + 1` entries at or above it), the :math:`m + 1` largest
   candidates are selected (a branch-free insertion buffer for small :math:`m`, a
   quickselect otherwise), and the safeguarded Newton iteration runs on the candidates
-  above :math:`x_{(m)} - l` alone, which sit in L1. With integer
+  above :math:`x_{(m)} - l` alone, which sit in L1. A row with no previous row to guess
+  from (the first of a block) and :math:`m < 16` keeps its :math:`m + 1` largest
+  entries and gathers a superset of the candidates in the same one pass
+  (:func:`_first_row_attempt`). With integer
   :math:`k` and :math:`x_{(k)} - l \ge x_{(k+1)}` the solution is the hard mask and
   :math:`\lambda` is the middle of the flat root interval, as the other solvers
   return it.
@@ -972,6 +975,58 @@ def _small_k_attempt(row, n, kb, lb, kind, a, tol, root_eps, work, guess, out, l
 
 
 @njit(**_OPTIONS)
+def _first_row_pass(row, n, m, l, work, scratch, limit):
+  """One pass over a row for :func:`_first_row_attempt`: whether every entry is below
+  ``limit`` in magnitude, the ``m + 1`` largest entries sorted in ``scratch[:m + 1]``
+  (the insertion of :func:`_order_statistics_after`, taken only by the entries above
+  the buffer's last one) and, gathered into ``work`` in row order (branch-free), every
+  entry above the ``m``-th largest of the entries before it minus ``l``: a superset of
+  the candidates, as in :func:`_one_pass_bracket`. Returns (finite, count)."""
+  for p in range(m + 1):
+    scratch[p] = -np.inf
+  finite, count = True, 0
+  least, cut = -np.inf, -np.inf  # scratch[m]; scratch[m - 1] - l
+  for i in range(n):
+    v = float(row[i])
+    finite &= abs(v) < limit
+    work[count] = v
+    count += v > cut
+    if v > least:
+      for p in range(m + 1):
+        kept = scratch[p]
+        scratch[p] = max(kept, v)
+        v = min(kept, v)
+      least, cut = scratch[m], scratch[m - 1] - l
+  return finite, count
+
+
+@njit(inline="always", **_OPTIONS)
+def _first_row_attempt(row, n, kb, lb, a, tol, root_eps, work, scratch, guess, out, limit):
+  """A p-norm row with ``0 < k < n - 1`` and ``ceil(k) < _SORT_LIMIT`` that has no guess
+  of its cut (the first row of a block) in one pass (:func:`_first_row_pass`) instead
+  of :func:`_general_row`'s five (maximum, counts, gathering every entry, selection,
+  candidates): the same order statistics, bracket and candidates in row order, so the
+  same threshold, passes and mask to the bit. ``(solved, threshold, passes, |sum(out)
+  - k|)``; not solved (nothing written) for a row with an entry not below ``limit`` in
+  magnitude or far from 0 relative to ``l`` (solved relative to its maximum), which
+  :func:`_general_row` takes."""
+  m, j = int(math.ceil(kb)), int(math.floor(kb))
+  finite, count = _first_row_pass(row, n, m, lb, work, scratch, limit)
+  top = scratch[0]
+  if not finite or abs(top) * root_eps > lb:
+    return False, 0.0, 0, 0.0
+  x_m, x_next, x_after = scratch[m - 1], scratch[j], scratch[m]
+  _update_guess(guess, top - x_after)
+  solved, lam, lo, hi, start, k_f, count = _bracket_from(work, count, x_m, x_next, kb, lb,
+                                                         a, m, j)
+  passes = 0
+  if not solved:
+    lam, passes = _newton(work, count, k_f, lb, PNORM, a, lo, hi, start, tol)
+  total = _write_mask(row, n, lam, lb, PNORM, a, 0.0, True, out)
+  return True, lam, passes, abs(total - kb)
+
+
+@njit(**_OPTIONS)
 def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out):
   """One row's (threshold, passes, origin), its mask written into ``out``; returns
   also ``|sum(out) - k|``. A float64 row at the ends of the float range (scale exponent
@@ -988,6 +1043,14 @@ def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out
         _ENTRY_LIMIT if wide else np.inf)
     if solved:
       return value, it, 0.0, residual
+    # k <= 2 is _small_k_attempt's (these rows too)
+    if (kind == PNORM and kb > 2.0 and kb < n - 1 and math.ceil(kb) < _SORT_LIMIT
+        and guess[0] == np.inf and n < _SAMPLED_ROW):
+      solved, value, it, residual = _first_row_attempt(
+          row, n, kb, lb, a, tol, root_eps, work, scratch, guess, out,
+          _ENTRY_LIMIT if wide else np.inf)
+      if solved:
+        return value, it, 0.0, residual
   if not wide:
     return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
                         _all_finite(row, n))
