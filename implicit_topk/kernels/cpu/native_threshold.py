@@ -75,6 +75,7 @@ _MAXITER = 200
 _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a sample
 _ONE_PASS_ROW = 512  # up to this row length, k <= 2: one pass finds the bracket (no guess)
 _IN_PLACE_ROW = 16  # up to this row length, k <= 2: Newton runs on the row itself (no gather)
+_SKIP_BLOCK = 16  # the first row's pass (_first_row_pass) skips blocks of this many entries
 _LOWEST = -np.finfo(np.float64).max
 _EPS64 = float(np.finfo(np.float64).eps)
 _INT_MAX = np.int64(np.iinfo(np.int64).max)
@@ -974,30 +975,76 @@ def _small_k_attempt(row, n, kb, lb, kind, a, tol, root_eps, work, guess, out, l
   return False, 0.0, 0, 0.0
 
 
+@njit(cache=True, error_model="numpy", fastmath=True)
+def _block_maxima(row, n, out):
+  """``out[b]`` = the maximum of the entries ``b B .. b B + B - 1`` of a row of finite
+  entries (``B`` = :data:`_SKIP_BLOCK`, the last block shorter), vectorized as
+  :func:`_max_of_finite`."""
+  full = n // _SKIP_BLOCK
+  for b in range(full):
+    top = row[b * _SKIP_BLOCK]
+    for i in range(1, _SKIP_BLOCK):
+      top = max(top, row[b * _SKIP_BLOCK + i])
+    out[b] = top
+  if full * _SKIP_BLOCK < n:
+    top = row[full * _SKIP_BLOCK]
+    for i in range(full * _SKIP_BLOCK + 1, n):
+      top = max(top, row[i])
+    out[full] = top
+
+
+@njit(inline="always", **_OPTIONS)
+def _insert_descending(buffer, m, v):
+  """``v`` into ``buffer[:m + 1]`` (sorted, largest first), the last entry dropped."""
+  for p in range(m + 1):
+    kept = buffer[p]
+    buffer[p] = max(kept, v)
+    v = min(kept, v)
+
+
 @njit(**_OPTIONS)
 def _first_row_pass(row, n, m, l, work, scratch, limit):
-  """One pass over a row for :func:`_first_row_attempt`: whether every entry is below
-  ``limit`` in magnitude, the ``m + 1`` largest entries sorted in ``scratch[:m + 1]``
-  (the insertion of :func:`_order_statistics_after`, taken only by the entries above
-  the buffer's last one) and, gathered into ``work`` in row order (branch-free), every
-  entry above the ``m``-th largest of the entries before it minus ``l``: a superset of
-  the candidates, as in :func:`_one_pass_bracket`. Returns (finite, count)."""
+  """The pass of :func:`_first_row_attempt`: whether every entry is below ``limit`` in
+  magnitude (a vectorized test, :func:`_all_finite` or :func:`_all_below`) and, for such
+  a row, its ``m + 1`` largest entries sorted in ``scratch[:m + 1]`` and, gathered into
+  ``work`` in row order, a superset of the candidates (every entry above ``x_(m) - l``).
+  Returns (finite, count).
+
+  By blocks of :data:`_SKIP_BLOCK` entries (``scratch[m + 1:]`` holds their maxima,
+  :func:`_block_maxima`): with ``t`` the ``m + 1``-th largest block maximum, ``m + 1``
+  blocks have an entry at or above ``t``, so ``x_(m+1) >= t`` and ``x_(m) - l >= t -
+  l``. A block whose maximum is below ``t - l`` holds neither one of the ``m + 1``
+  largest entries nor a candidate; the other blocks (a few more than ``m + 1`` in a
+  random row) are gathered entry by entry above ``t - l``, in row order, and their
+  entries from ``t`` up go through the insertion buffer. Rows of at most ``m + 1``
+  blocks are gathered whole."""
+  if not (_all_finite(row, n) if limit == np.inf else _all_below(row, n)):
+    return False, 0
   for p in range(m + 1):
     scratch[p] = -np.inf
-  finite, count = True, 0
-  least, cut = -np.inf, -np.inf  # scratch[m]; scratch[m - 1] - l
-  for i in range(n):
-    v = float(row[i])
-    finite &= abs(v) < limit
-    work[count] = v
-    count += v > cut
-    if v > least:
-      for p in range(m + 1):
-        kept = scratch[p]
-        scratch[p] = max(kept, v)
-        v = min(kept, v)
-      least, cut = scratch[m], scratch[m - 1] - l
-  return finite, count
+  blocks = (n + _SKIP_BLOCK - 1) // _SKIP_BLOCK
+  least, floor = -np.inf, -np.inf
+  maxima = scratch[m + 1:]
+  if blocks > m + 1:
+    _block_maxima(row, n, maxima)
+    for b in range(blocks):
+      if maxima[b] > scratch[m]:
+        _insert_descending(scratch, m, float(maxima[b]))
+    least = scratch[m]
+    floor = least - l
+    for p in range(m + 1):
+      scratch[p] = -np.inf
+  count = 0
+  for b in range(blocks):
+    if blocks > m + 1 and maxima[b] < floor:
+      continue
+    for i in range(b * _SKIP_BLOCK, min((b + 1) * _SKIP_BLOCK, n)):
+      v = float(row[i])
+      work[count] = v
+      count += v > floor
+      if v >= least and v > scratch[m]:
+        _insert_descending(scratch, m, v)
+  return True, count
 
 
 @njit(inline="always", **_OPTIONS)
