@@ -3,7 +3,7 @@
 Checks, with Brent's method on phi (``_proofs_common.threshold_solve``, no library code):
   (1) the bracket x_(m) - l <= lam* <= x_(j+1), and zeros below its lower end;
   (2) binary rows: every point of [x_(k+1), x_(k) - l] is a root (the hard mask);
-  (3) the candidate rule for random guesses t;
+  (3) the candidate rule for random guesses t, in one pass and by blocks;
   (4) the tangent and cotangent formulas against central differences;
   (5) the library's solver="native" against Brent's root;
   (6) the library's bracket for the pure-JAX solvers (CappedSimplex.bracket, tightened by
@@ -92,6 +92,21 @@ def check_candidates(rng):
         x_m, _ = order_stats(x, k)
         C.check(set(np.flatnonzero(x > x_m - l)) <= kept, "one pass keeps every candidate")
     print("  (3) the one-pass rule: 500 rows")
+    for _ in range(500):
+        n = int(rng.integers(2, 200))
+        x = np.round(rng.normal(size=n), int(rng.integers(0, 3)))  # ties too
+        k = float(rng.uniform(0.05, n - 1.05))
+        l = float(10 ** rng.uniform(-2, 1))
+        m, size = int(np.ceil(k)), int(rng.integers(1, 20))
+        maxima = np.array([x[b:b + size].max() for b in range(0, n, size)])
+        if maxima.size <= m:
+            continue
+        t = np.sort(maxima)[::-1][m]
+        kept = np.repeat(maxima >= t - l, size)[:n]  # the blocks not skipped
+        x_m, _ = order_stats(x, k)
+        C.check(np.all(kept[np.argsort(-x, kind="stable")[:m + 1]]), "blocks keep the m + 1 largest")
+        C.check(np.all(kept[x > x_m - l]), "blocks keep every candidate")
+    print("  (3) the block rule: random block sizes")
 
 
 def _slopes(x, lam, l, p):

@@ -22,7 +22,10 @@ perspective", ICML). No sort (``proofs/native_bracket.md``):
   (checked: at least :math:`m + 1` entries at or above it), the :math:`m + 1` largest
   candidates are selected (a branch-free insertion buffer for small :math:`m`, a
   quickselect otherwise), and the safeguarded Newton iteration runs on the candidates
-  above :math:`x_{(m)} - l` alone, which sit in L1. With integer
+  above :math:`x_{(m)} - l` alone, which sit in L1. A row with no previous row to guess
+  from (the first of a block) and :math:`m < 16` keeps its :math:`m + 1` largest
+  entries and gathers a superset of the candidates in the same one pass
+  (:func:`_first_row_attempt`). With integer
   :math:`k` and :math:`x_{(k)} - l \ge x_{(k+1)}` the solution is the hard mask and
   :math:`\lambda` is the middle of the flat root interval, as the other solvers
   return it.
@@ -72,6 +75,7 @@ _MAXITER = 200
 _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a sample
 _ONE_PASS_ROW = 512  # up to this row length, k <= 2: one pass finds the bracket (no guess)
 _IN_PLACE_ROW = 16  # up to this row length, k <= 2: Newton runs on the row itself (no gather)
+_SKIP_BLOCK = 16  # the first row's pass (_first_row_pass) skips blocks of this many entries
 _LOWEST = -np.finfo(np.float64).max
 _EPS64 = float(np.finfo(np.float64).eps)
 _INT_MAX = np.int64(np.iinfo(np.int64).max)
@@ -971,6 +975,104 @@ def _small_k_attempt(row, n, kb, lb, kind, a, tol, root_eps, work, guess, out, l
   return False, 0.0, 0, 0.0
 
 
+@njit(cache=True, error_model="numpy", fastmath=True)
+def _block_maxima(row, n, out):
+  """``out[b]`` = the maximum of the entries ``b B .. b B + B - 1`` of a row of finite
+  entries (``B`` = :data:`_SKIP_BLOCK`, the last block shorter), vectorized as
+  :func:`_max_of_finite`."""
+  full = n // _SKIP_BLOCK
+  for b in range(full):
+    top = row[b * _SKIP_BLOCK]
+    for i in range(1, _SKIP_BLOCK):
+      top = max(top, row[b * _SKIP_BLOCK + i])
+    out[b] = top
+  if full * _SKIP_BLOCK < n:
+    top = row[full * _SKIP_BLOCK]
+    for i in range(full * _SKIP_BLOCK + 1, n):
+      top = max(top, row[i])
+    out[full] = top
+
+
+@njit(inline="always", **_OPTIONS)
+def _insert_descending(buffer, m, v):
+  """``v`` into ``buffer[:m + 1]`` (sorted, largest first), the last entry dropped."""
+  for p in range(m + 1):
+    kept = buffer[p]
+    buffer[p] = max(kept, v)
+    v = min(kept, v)
+
+
+@njit(**_OPTIONS)
+def _first_row_pass(row, n, m, l, work, scratch, limit):
+  """The pass of :func:`_first_row_attempt`: whether every entry is below ``limit`` in
+  magnitude (a vectorized test, :func:`_all_finite` or :func:`_all_below`) and, for such
+  a row, its ``m + 1`` largest entries sorted in ``scratch[:m + 1]`` and, gathered into
+  ``work`` in row order, a superset of the candidates (every entry above ``x_(m) - l``).
+  Returns (finite, count).
+
+  By blocks of :data:`_SKIP_BLOCK` entries (``scratch[m + 1:]`` holds their maxima,
+  :func:`_block_maxima`): with ``t`` the ``m + 1``-th largest block maximum, ``m + 1``
+  blocks have an entry at or above ``t``, so ``x_(m+1) >= t`` and ``x_(m) - l >= t -
+  l``. A block whose maximum is below ``t - l`` holds neither one of the ``m + 1``
+  largest entries nor a candidate; the other blocks (a few more than ``m + 1`` in a
+  random row) are gathered entry by entry above ``t - l``, in row order, and their
+  entries from ``t`` up go through the insertion buffer. Rows of at most ``m + 1``
+  blocks are gathered whole."""
+  if not (_all_finite(row, n) if limit == np.inf else _all_below(row, n)):
+    return False, 0
+  for p in range(m + 1):
+    scratch[p] = -np.inf
+  blocks = (n + _SKIP_BLOCK - 1) // _SKIP_BLOCK
+  least, floor = -np.inf, -np.inf
+  maxima = scratch[m + 1:]
+  if blocks > m + 1:
+    _block_maxima(row, n, maxima)
+    for b in range(blocks):
+      if maxima[b] > scratch[m]:
+        _insert_descending(scratch, m, float(maxima[b]))
+    least = scratch[m]
+    floor = least - l
+    for p in range(m + 1):
+      scratch[p] = -np.inf
+  count = 0
+  for b in range(blocks):
+    if blocks > m + 1 and maxima[b] < floor:
+      continue
+    for i in range(b * _SKIP_BLOCK, min((b + 1) * _SKIP_BLOCK, n)):
+      v = float(row[i])
+      work[count] = v
+      count += v > floor
+      if v >= least and v > scratch[m]:
+        _insert_descending(scratch, m, v)
+  return True, count
+
+
+@njit(inline="always", **_OPTIONS)
+def _first_row_attempt(row, n, kb, lb, a, tol, root_eps, work, scratch, guess, out, limit):
+  """A p-norm row with ``0 < k < n - 1`` and ``ceil(k) < _SORT_LIMIT`` that has no guess
+  of its cut (the first row of a block) in one pass (:func:`_first_row_pass`) instead
+  of :func:`_general_row`'s five (maximum, counts, gathering every entry, selection,
+  candidates): the same order statistics, bracket and candidates in row order, so the
+  same threshold, passes and mask to the bit. ``(solved, threshold, passes, |sum(out)
+  - k|)``; not solved (nothing written) for a row with an entry not below ``limit`` in
+  magnitude or far from 0 relative to ``l`` (solved relative to its maximum), which
+  :func:`_general_row` takes."""
+  m, j = int(math.ceil(kb)), int(math.floor(kb))
+  finite, count = _first_row_pass(row, n, m, lb, work, scratch, limit)
+  top = scratch[0]
+  if not finite or abs(top) * root_eps > lb:
+    return False, 0.0, 0, 0.0
+  x_m, x_next, x_after = scratch[m - 1], scratch[j], scratch[m]
+  _update_guess(guess, top - x_after)
+  solved, lam, lo, hi, start, k_f, count = _bracket_from(work, count, x_m, x_next, kb, lb,
+                                                         a, m, j)
+  passes = 0
+  if not solved:
+    lam, passes = _newton(work, count, k_f, lb, PNORM, a, lo, hi, start, tol)
+  total = _write_mask(row, n, lam, lb, PNORM, a, 0.0, True, out)
+  return True, lam, passes, abs(total - kb)
+
+
 @njit(**_OPTIONS)
 def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out):
   """One row's (threshold, passes, origin), its mask written into ``out``; returns
@@ -988,6 +1090,14 @@ def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out
         _ENTRY_LIMIT if wide else np.inf)
     if solved:
       return value, it, 0.0, residual
+    # k <= 2 is _small_k_attempt's (these rows too)
+    if (kind == PNORM and kb > 2.0 and kb < n - 1 and math.ceil(kb) < _SORT_LIMIT
+        and guess[0] == np.inf and n < _SAMPLED_ROW):
+      solved, value, it, residual = _first_row_attempt(
+          row, n, kb, lb, a, tol, root_eps, work, scratch, guess, out,
+          _ENTRY_LIMIT if wide else np.inf)
+      if solved:
+        return value, it, 0.0, residual
   if not wide:
     return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
                         _all_finite(row, n))
