@@ -132,8 +132,12 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   middle = midpoint(lo, hi)
   if geometric:
     middle = jnp.where(even, _ordered_middle(lo, hi, middle), middle)
-  secant = lo + (hi - lo) * (phi_lo / (phi_lo - phi_hi))  # NaN where an end is unknown
-  middle = jnp.where(~even & (secant > lo) & (secant < hi), secant, middle)
+  # (both ends known: phi_lo > 0 > phi_hi; the masked division keeps autodiff of an
+  # unrolled iteration free of NaN from the unknown ends)
+  ends_known = (phi_lo > 0) & (phi_hi < 0)
+  fraction = jnp.where(ends_known, phi_lo, 0) / jnp.where(ends_known, phi_lo - phi_hi, 1)
+  secant = lo + (hi - lo) * fraction
+  middle = jnp.where(~even & ends_known & (secant > lo) & (secant < hi), secant, middle)
   # Newton just beyond an end (by less than its own step): the root sits within rounding
   # of that end, at a kink (a top entry saturating there). Half the stopping width
   # inside the end: a sign change there stops the row by the bracket rule.
