@@ -20,10 +20,12 @@ So the whole answer depends on the entries above the cut only, the ``m`` largest
 (:mod:`implicit_topk._budget_pieces`: :math:`l^\star` and the plain threshold, each in
 closed form on its piece, O(m^2) per row), then the mask of the whole row at
 :math:`(\lambda', l')`, elementwise. On CPU (float32, float64; p = 2, 3/2, 4/3) the
-first two steps are one compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`:
-one pass over each row, then the closed forms in float64); elsewhere they are JAX (one
-``lax.top_k``, or over short rows ``m + 2`` passes of a masked maximum that also count
-each value), chosen when the program is lowered. No solver runs (``solver=`` only
+three steps are one compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`:
+one pass over each row, the closed forms in float64, a second pass that writes the
+mask), and the derivatives run in the plain mask's derivative kernels with the rule
+``PINNED`` (:mod:`implicit_topk.kernels.cpu.native_derivatives`: two passes over each
+row); elsewhere they are JAX (one ``lax.top_k``, or over short rows ``m + 2`` passes of
+a masked maximum that also count each value), chosen when the program is lowered. No solver runs (``solver=`` only
 decides whether the CPU kernel is used: for the compiled solvers), and no n x n or
 n x m intermediate. Under ``jit`` with the reduced axis split
 over devices, each device runs the JAX passes on its block with ``pmax``/``psum``.
@@ -42,15 +44,16 @@ strictly above :math:`c`, the cut moves to the next distinct value below :math:`
 and the entries tied at :math:`c` enter together (weight :math:`w` = their count): the
 support then exceeds ``m`` by the tied entries, as the hard top-k's does at a tie.
 
-Derivatives: the implicit function theorem (``proofs/support_budget.md``, statement 5).
+Derivatives: the implicit function theorem (``proofs/support_budget.md``, statement 7).
 With :math:`z_i = (x_i - \lambda')/l'`, :math:`d_i = g'(z_i)/l'`: where the budget does
 not bind, :math:`\dot\lambda = (\sum_i d_i (\dot x_i - z_i \dot l) - \dot k)/\sum_i d_i`
 (the plain mask's); where it binds, :math:`\lambda' = c` (so :math:`\dot\lambda =
 \dot x_c`, the mean over the entries at the cut) and :math:`\dot l' = (\sum_i
 d_i(\dot x_i - \dot x_c) - \dot k)/\sum_i d_i z_i`; then :math:`\dot y_i = d_i(\dot x_i -
 \dot\lambda) - d_i z_i \dot l'`. Every term is an elementwise map or a row sum (no
-gather or scatter of length n); higher orders differentiate these formulas.
-"""
+gather or scatter of length n); higher orders differentiate these formulas (:func:`_moves`,
+:func:`_tangent`; on CPU the kernels compute the same map and its transpose,
+:func:`_cotangent`)."""
 
 from __future__ import annotations
 
@@ -202,8 +205,7 @@ def _kernel_operator(m: int, a: float):
   (:mod:`~implicit_topk.kernels.cpu.native_derivatives`): forward mode by the tangent
   kernel, reverse mode by its transpose; higher orders differentiate :func:`_tangent`,
   the same map in JAX."""
-  from implicit_topk.kernels.cpu import ffi, registry
-  from implicit_topk.kernels.cpu.native_calls import derivative_rule
+  from implicit_topk.kernels.cpu.native_calls import derivative_call, derivative_rule
   rule = derivative_rule(PNORM, a)
   attributes = {"a": np.float64(a), "kind": np.int32(PNORM)}
   reference = functools.partial(_tangent, a, _layout.DEFAULT)
@@ -218,11 +220,8 @@ def _kernel_operator(m: int, a: float):
     x, k, l = primals
     outs = operator(x, k, l)
     _, lam, shift, strength, pin = outs
-    full, rows = jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(lam.shape, x.dtype)
-    y_dot, lam_dot, strength_dot = ffi.linear_call(
-        registry.target(f"budget_tangent_{rule}", x.dtype),
-        registry.target(f"budget_cotangent_{rule}", x.dtype), (full, rows, rows),
-        (full, rows, rows), (x, lam, shift, strength, pin), tangents, reference, **attributes)
+    y_dot, lam_dot, strength_dot = derivative_call(
+        "budget", rule, (x, lam, shift, strength, pin), tangents, reference, 3, attributes)
     zero = jnp.zeros_like(lam)
     return outs, (y_dot, lam_dot, zero, strength_dot, zero)
 
@@ -477,6 +476,7 @@ def _cotangent(a, layout, rows, lam, shift, strength, pin, y_bar, lam_bar, stren
   entries at the cut share :math:`\bar\lambda - \sum_i d_i(\bar y_i + c)`."""
   d, dz = _slopes(a, layout, rows, lam, shift, strength)
   each = lambda r: layout.expand(r, rows)
+  y_bar = jnp.where(d != 0, y_bar, 0.0)  # as the kernel, which reads it where d != 0 only
   total, total_z = layout.sum(d), layout.sum(dz)
   weighted, weighted_z = layout.sum(d * y_bar), layout.sum(dz * y_bar)
   pinned = ~jnp.isnan(pin)
