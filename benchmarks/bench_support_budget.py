@@ -10,7 +10,8 @@ budget m, the strength l and whether it is relative to each row's spread,
   (the default solver, p = 4/3) for a fixed random cotangent ``w``;
 * ``soft + max_support``: the same with ``max_support=m`` (on CPU the budget's kernel,
   :mod:`implicit_topk.kernels.cpu.budget_kernel`: one pass over each row for its m+1
-  largest values, then two small problems on them; the mask and its derivatives in JAX);
+  largest values, two small problems on them, a pass that writes the mask; the
+  derivatives in the mask derivative kernels);
 * ``soft + max_support (JAX path)``: the same on the pure-JAX path that other platforms
   run (the m+1 largest values by masked maxima or ``lax.top_k``), compiled with the
   kernel switched off (``--no-jax-path`` leaves it out).

@@ -20,10 +20,12 @@ So the whole answer depends on the entries above the cut only, the ``m`` largest
 (:mod:`implicit_topk._budget_pieces`: :math:`l^\star` and the plain threshold, each in
 closed form on its piece, O(m^2) per row), then the mask of the whole row at
 :math:`(\lambda', l')`, elementwise. On CPU (float32, float64; p = 2, 3/2, 4/3) the
-first two steps are one compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`:
-one pass over each row, then the closed forms in float64); elsewhere they are JAX (one
-``lax.top_k``, or over short rows ``m + 2`` passes of a masked maximum that also count
-each value), chosen when the program is lowered. No solver runs (``solver=`` only
+three steps are one compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`:
+one pass over each row, the closed forms in float64, a second pass that writes the
+mask), and the derivatives run in the plain mask's derivative kernels with the rule
+``PINNED`` (:mod:`implicit_topk.kernels.cpu.native_derivatives`: two passes over each
+row); elsewhere they are JAX (one ``lax.top_k``, or over short rows ``m + 2`` passes of
+a masked maximum that also count each value), chosen when the program is lowered. No solver runs (``solver=`` only
 decides whether the CPU kernel is used: for the compiled solvers), and no n x n or
 n x m intermediate. Under ``jit`` with the reduced axis split
 over devices, each device runs the JAX passes on its block with ``pmax``/``psum``.
@@ -42,15 +44,16 @@ strictly above :math:`c`, the cut moves to the next distinct value below :math:`
 and the entries tied at :math:`c` enter together (weight :math:`w` = their count): the
 support then exceeds ``m`` by the tied entries, as the hard top-k's does at a tie.
 
-Derivatives: the implicit function theorem (``proofs/support_budget.md``, statement 5).
+Derivatives: the implicit function theorem (``proofs/support_budget.md``, statement 7).
 With :math:`z_i = (x_i - \lambda')/l'`, :math:`d_i = g'(z_i)/l'`: where the budget does
 not bind, :math:`\dot\lambda = (\sum_i d_i (\dot x_i - z_i \dot l) - \dot k)/\sum_i d_i`
 (the plain mask's); where it binds, :math:`\lambda' = c` (so :math:`\dot\lambda =
 \dot x_c`, the mean over the entries at the cut) and :math:`\dot l' = (\sum_i
 d_i(\dot x_i - \dot x_c) - \dot k)/\sum_i d_i z_i`; then :math:`\dot y_i = d_i(\dot x_i -
 \dot\lambda) - d_i z_i \dot l'`. Every term is an elementwise map or a row sum (no
-gather or scatter of length n); higher orders differentiate these formulas.
-"""
+gather or scatter of length n); higher orders differentiate these formulas (:func:`_moves`,
+:func:`_tangent`; on CPU the kernels compute the same map and its transpose,
+:func:`_cotangent`)."""
 
 from __future__ import annotations
 
@@ -109,17 +112,34 @@ def budget_mask(rows, k, l, m: int, regularizer, *, kernel: bool | None = None, 
   steps with segment maxima and sums, where a segment of at most ``m`` entries gets the
   plain mask.
 
-  ``kernel``: whether a program lowered for the CPU finds the threshold and strength
-  with the compiled kernel (:mod:`implicit_topk.kernels.cpu.budget_kernel`; default:
-  where it can, see :func:`kernel_applies`; never for segments); elsewhere, and on other
-  platforms, the pure-JAX path. Both give the same values to a few ulps."""
+  ``kernel``: whether a program lowered for the CPU runs the compiled kernels
+  (:mod:`implicit_topk.kernels.cpu.budget_kernel`: the threshold, strength and mask in
+  one call, the derivatives by the mask derivative kernels; default: where it can, see
+  :func:`kernel_applies`; never for segments); elsewhere, and on other platforms, the
+  pure-JAX path. Both give the same values to a few ulps."""
   a = regularizer.exponent
   layout = _layout.DEFAULT if layout is None else layout
+  jax_path = functools.partial(_jax_mask, m=m, regularizer=regularizer, layout=layout)
+  if not (_is_last_axis(layout) and kernel_applies(rows.dtype, a) and kernel is not False):
+    return jax_path(rows, k, l)
+  from implicit_topk.solvers import _lower_cpu_calls_on_every_platform
+  _lower_cpu_calls_on_every_platform()  # (the kernel's calls in a multi-platform export)
+  return lax.platform_dependent(rows, k, l, cpu=functools.partial(_kernel_mask, m=m, a=a),
+                                default=jax_path)
+
+
+def _jax_mask(rows, k, l, m, regularizer, layout):
+  """:func:`budget_mask` in JAX: the threshold and strength (:func:`_threshold`), then the
+  mask entry by entry."""
   ids = getattr(layout, "segment_ids", None)
-  use_kernel = _is_last_axis(layout) and kernel_applies(rows.dtype, a) and kernel is not False
-  shift, offset, strength, cut = _threshold(rows, k, l, ids, m, a, use_kernel,
-                                            _unbound(layout))
-  each = lambda r: layout.expand(r, rows)  # a per-row value at each entry of its row
+  solution = _threshold(rows, k, l, ids, m, regularizer.exponent, _unbound(layout))
+  return _mask(rows, *solution, regularizer.mask, lambda r: layout.expand(r, rows))
+
+
+def _mask(rows, shift, offset, strength, cut, mask, each):
+  """The mask of ``rows`` at the threshold ``shift + offset * strength`` and strength
+  ``strength`` (per row, ``each`` puts them at the entries), 0 at or below ``cut``;
+  NaN rows where ``strength`` is NaN."""
   cut = lax.stop_gradient(cut)
   # (x - shift) / l' - offset: no difference of order l' is formed, which could be
   # subnormal (flushed to 0 by XLA:CPU) for rows of scale 1e-300. Infinite entries (1
@@ -129,7 +149,7 @@ def budget_mask(rows, k, l, m: int, regularizer, *, kernel: bool | None = None, 
   z = (jnp.where(finite, rows, each(shift)) - each(shift)) / each(strength) - each(offset)
   # lambda' >= cut: the entries at or below the cut are 0 exactly (z may round to a
   # tiny positive value there: XLA divides through the reciprocal)
-  y = jnp.where(rows > each(cut), jnp.where(finite, regularizer.mask(z), 1.0), 0.0)
+  y = jnp.where(rows > each(cut), jnp.where(finite, mask(z), 1.0), 0.0)
   return jnp.where(jnp.isnan(each(strength)), jnp.nan, y)
 
 
@@ -162,13 +182,60 @@ def _jax_solution(rows, k, l, m, a, layout=_layout.DEFAULT):
   return (*_solve(k, l, values, weights, cut, a), cut)
 
 
-def _kernel_solution(rows, k, l, m, a):
-  """``(shift, offset, strength, cut)`` per row by the CPU kernel, one XLA FFI call."""
+def _kernel_call(rows, k, l, m, a):
+  """``(mask, shift, offset, strength, cut)`` by the CPU kernel, one XLA FFI call."""
   from implicit_topk.kernels.cpu import ffi, registry
-  _register_split_form()
-  result = jax.ShapeDtypeStruct(rows.shape[:-1], rows.dtype)
-  return ffi.call(registry.target("budget", rows.dtype), (result,) * 4, rows, k, l,
+  _register_split_forms()
+  row = jax.ShapeDtypeStruct(rows.shape[:-1], rows.dtype)
+  return ffi.call(registry.target("budget", rows.dtype),
+                  (jax.ShapeDtypeStruct(rows.shape, rows.dtype),) + (row,) * 4, rows, k, l,
                   a=np.float64(a), m=np.int32(m))
+
+
+def _kernel_solution(rows, k, l, m, a):
+  """``(shift, offset, strength, cut)`` per row by the CPU kernel."""
+  return _kernel_call(rows, k, l, m, a)[1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_operator(m: int, a: float):
+  r"""``(x, k, l) -> (mask, lam, shift, strength, pin)`` by the kernel (:math:`\lambda' =`
+  ``shift + lam``; ``pin``: the cut where the budget binds, else NaN), differentiated by
+  the mask derivative kernels with the rule ``PINNED``
+  (:mod:`~implicit_topk.kernels.cpu.native_derivatives`): forward mode by the tangent
+  kernel, reverse mode by its transpose; higher orders differentiate :func:`_tangent`,
+  the same map in JAX."""
+  from implicit_topk.kernels.cpu.native_calls import derivative_call, derivative_rule
+  rule = derivative_rule(PNORM, a)
+  attributes = {"a": np.float64(a), "kind": np.int32(PNORM)}
+  reference = functools.partial(_tangent, a, _layout.DEFAULT)
+
+  @jax.custom_jvp
+  def operator(x, k, l):
+    y, shift, offset, strength, cut = _kernel_call(x, k, l, m, a)
+    return y, offset * strength, shift, strength, jnp.where(strength < l, cut, jnp.nan)
+
+  @operator.defjvp
+  def operator_jvp(primals, tangents):
+    x, k, l = primals
+    outs = operator(x, k, l)
+    _, lam, shift, strength, pin = outs
+    y_dot, lam_dot, strength_dot = derivative_call(
+        "budget", rule, (x, lam, shift, strength, pin), tangents, reference, 3, attributes)
+    zero = jnp.zeros_like(lam)
+    return outs, (y_dot, lam_dot, zero, strength_dot, zero)
+
+  return operator
+
+
+def _kernel_mask(rows, k, l, m, a):
+  """:func:`budget_mask` by the CPU kernels (:func:`_kernel_operator`)."""
+  return _kernel_operator(m, float(a))(rows, k, l)[0]
+
+
+def _split_attributes(attributes):
+  a = float(attributes["a"])
+  return int(a) if a.is_integer() else a
 
 
 def _split_solution(axis, attributes, rows, k, l):
@@ -176,27 +243,37 @@ def _split_solution(axis, attributes, rows, k, l):
   under ``jit`` (each device holds a block of every row): the JAX path with its row
   maxima and counts ``pmax``'d and ``psum``'d over ``axis`` (no entry leaves its
   device), as :mod:`implicit_topk.kernels.cpu.partitioning` runs each kernel with a
-  sharded form."""
-  a = float(attributes["a"])
-  a = int(a) if a.is_integer() else a
-  return _jax_solution(rows, k, l, int(attributes["m"]), a, _layout.LastAxis(axis))
+  sharded form; the mask of the block from them."""
+  a = _split_attributes(attributes)
+  solution = _jax_solution(rows, k, l, int(attributes["m"]), a, _layout.LastAxis(axis))
+  y = _mask(rows, *solution, lambda z: _budget_pieces._mask(z, a), lambda r: r[..., None])
+  return (y, *solution)
 
 
-def _register_split_form() -> None:
+def _split_tangent(axis, attributes, *operands):
+  """The tangent kernel's results on a split reduced axis: :func:`_tangent`, its row sums
+  ``psum``'d over ``axis``."""
+  return _tangent(_split_attributes(attributes), _layout.LastAxis(axis), *operands)
+
+
+def _split_cotangent(axis, attributes, *operands):
+  """The cotangent kernel's results on a split reduced axis: :func:`_cotangent`, its row
+  sums ``psum``'d over ``axis``."""
+  return _cotangent(_split_attributes(attributes), _layout.LastAxis(axis), *operands)
+
+
+def _register_split_forms() -> None:
   from implicit_topk.kernels.cpu import partitioning
   partitioning.SHARDED_FORMS.setdefault("budget", _split_solution)
+  for rule in ("cubic", "linear", "general"):
+    partitioning.SHARDED_FORMS.setdefault(f"budget_tangent_{rule}", _split_tangent)
+    partitioning.SHARDED_FORMS.setdefault(f"budget_cotangent_{rule}", _split_cotangent)
 
 
-def _solution(rows, k, l, m, a, kernel, layout=_layout.DEFAULT):
-  """The kernel on CPU, the JAX path elsewhere, chosen when the program is lowered
-  (each branch lowered for its own platform only)."""
+def _solution(rows, k, l, m, a, layout=_layout.DEFAULT):
+  """The JAX path's ``(shift, offset, strength, cut)`` (no derivatives)."""
   rows, k, l = (lax.stop_gradient(v) for v in (rows, k, l))
-  jax_path = functools.partial(_jax_solution, m=m, a=a, layout=layout)
-  if not kernel:
-    return jax_path(rows, k, l)
-  from implicit_topk.kernels.gpu import platform_select
-  return tuple(platform_select.platform_select(
-      (rows, k, l), {"cpu": functools.partial(_kernel_solution, m=m, a=a)}, jax_path))
+  return _jax_solution(rows, k, l, m, a, layout)
 
 
 def _entries(rows, k, m, layout=_layout.DEFAULT):
@@ -315,40 +392,101 @@ def _solve(k, l, values, weights, cut, a) -> _Solution:
   return _Solution(jnp.where(bad, 0.0, shift), offset, jnp.where(bad, jnp.nan, strength))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5, 6, 7))
-def _threshold(rows, k, l, ids, m, a, kernel, layout):
-  """``(shift, (lambda' - shift) / l', l', cut)`` per row; derivatives by the implicit
-  function theorem (none for ``shift``, a constant origin, nor for the cut's value,
-  which enters through the entries at it). ``ids``: the segment ids of a
-  :class:`~implicit_topk.problems.layout.Segments` ``layout`` (unbound here: the
-  static part), else None."""
-  return tuple(_solution(rows, k, l, m, a, kernel, _bound(layout, ids)))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5, 6))
+def _threshold(rows, k, l, ids, m, a, layout):
+  """``(shift, (lambda' - shift) / l', l', cut)`` per row in JAX; derivatives by the
+  implicit function theorem (:func:`_moves`; none for ``shift``, a constant origin, nor
+  for the cut's value, which enters through the entries at it). ``ids``: the segment
+  ids of a :class:`~implicit_topk.problems.layout.Segments` ``layout`` (unbound here:
+  the static part), else None."""
+  return tuple(_solution(rows, k, l, m, a, _bound(layout, ids)))
 
 
 @_threshold.defjvp
-def _threshold_jvp(m, a, kernel, layout, primals, tangents):
+def _threshold_jvp(m, a, layout, primals, tangents):
   rows, k, l, ids = primals
   rows_dot, k_dot, l_dot, _ = tangents
-  shift, offset, strength, cut = _threshold(rows, k, l, ids, m, a, kernel, layout)  # higher orders
-  layout = _bound(layout, ids)
-  each = lambda r: layout.expand(r, rows)
-  cut = lax.stop_gradient(cut)
-  binds = strength < l
-  # (the per-row values at each entry, with a trailing axis of 1 for the per-row
-  # broadcast of `slopes`)
-  d, dz = (v[..., 0] for v in mask_tangent.slopes(
-      PNORM, float(a), rows[..., None], each(offset * strength), each(shift), each(strength)))
-  total, total_z = layout.sum(d), layout.sum(dz)
-  moved = layout.sum(d * rows_dot)
-  at_cut = rows == each(cut)
-  # (a float count: XLA:CPU sums an int count by a separate, slower reduce-window)
-  cut_dot = (layout.sum(jnp.where(at_cut, rows_dot, 0.0))
-             / jnp.maximum(layout.count(at_cut, rows.dtype), 1.0))
-  ratio = lambda num, den: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
-  delta_dot = jnp.where(binds, cut_dot, ratio(moved - total_z * l_dot - k_dot, total))
-  strength_dot = jnp.where(binds, ratio(moved - total * cut_dot - k_dot, total_z), l_dot)
-  undefined = jnp.isnan(strength)
+  shift, offset, strength, cut = _threshold(rows, k, l, ids, m, a, layout)  # higher orders
+  pin = jnp.where(strength < l, lax.stop_gradient(cut), jnp.nan)
+  _, _, delta_dot, strength_dot = _moves(a, _bound(layout, ids), rows, offset * strength, shift,
+                                         strength, pin, rows_dot, k_dot, l_dot)
   offset_dot = (delta_dot - offset * strength_dot) / strength  # of (lambda' - shift) / l'
   return ((shift, offset, strength, cut),
-          (jnp.zeros_like(shift), jnp.where(undefined, jnp.nan, offset_dot),
-           jnp.where(undefined, jnp.nan, strength_dot), jnp.zeros_like(cut)))
+          (jnp.zeros_like(shift), offset_dot, strength_dot, jnp.zeros_like(cut)))
+
+
+def _slopes(a, layout, rows, lam, shift, strength):
+  """``(d, d z)`` per entry (:func:`implicit_topk.solvers.mask_tangent.slopes`) at the
+  threshold ``shift + lam`` and strength ``strength`` (per row)."""
+  each = lambda r: layout.expand(r, rows)
+  # (the per-row values at each entry, with a trailing axis of 1 for the per-row
+  # broadcast of `slopes`)
+  return (v[..., 0] for v in mask_tangent.slopes(PNORM, float(a), rows[..., None], each(lam),
+                                                  each(shift), each(strength)))
+
+
+def _ratio(num, den):
+  """``num / den``, 0 where ``den`` is 0 (a binary mask: the convention of every solver)."""
+  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+def _moves(a, layout, rows, lam, shift, strength, pin, rows_dot, k_dot, l_dot):
+  r"""``(d, d z, lam_dot, strength_dot)``: the slopes (:func:`_slopes`) and the tangents
+  of the threshold (less its constant origin ``shift``) and of the strength, per row
+  (``proofs/support_budget.md``, 7). ``pin``: the cut where the budget binds, else NaN.
+
+  With :math:`z_i = (x_i - \lambda')/l'`, :math:`d_i = g'(z_i)/l'`: where the budget does
+  not bind, :math:`\dot l' = \dot l` and :math:`\dot\lambda = (\sum_i d_i (\dot x_i -
+  z_i \dot l) - \dot k)/\sum_i d_i` (the plain mask's); where it binds, :math:`\lambda' =
+  c` (so :math:`\dot\lambda = \dot x_c`, the mean over the entries at the cut) and
+  :math:`\dot l' = (\sum_i d_i(\dot x_i - \dot x_c) - \dot k)/\sum_i d_i z_i`. NaN
+  where ``lam`` is."""
+  d, dz = _slopes(a, layout, rows, lam, shift, strength)
+  each = lambda r: layout.expand(r, rows)
+  total, total_z = layout.sum(d), layout.sum(dz)
+  moved = layout.sum(d * rows_dot)
+  pinned = ~jnp.isnan(pin)
+  at_pin = rows == each(pin)
+  # (a float count: XLA:CPU sums an int count by a separate, slower reduce-window)
+  pin_dot = (layout.sum(jnp.where(at_pin, rows_dot, 0.0))
+             / jnp.maximum(layout.count(at_pin, rows.dtype), 1.0))
+  lam_dot = jnp.where(pinned, pin_dot, _ratio(moved - total_z * l_dot - k_dot, total))
+  strength_dot = jnp.where(pinned, _ratio(moved - total * pin_dot - k_dot, total_z), l_dot)
+  undefined = jnp.isnan(lam)
+  return (d, dz, jnp.where(undefined, jnp.nan, lam_dot),
+          jnp.where(undefined, jnp.nan, strength_dot))
+
+
+def _tangent(a, layout, rows, lam, shift, strength, pin, rows_dot, k_dot, l_dot):
+  r"""``(y_dot, lam_dot, strength_dot)``: the tangent of the budgeted mask
+  :math:`\dot y_i = d_i(\dot x_i - \dot\lambda) - d_i z_i \dot l'` with
+  :func:`_moves`' per-row tangents, as the tangent kernel (rule ``PINNED``) computes it."""
+  d, dz, lam_dot, strength_dot = _moves(a, layout, rows, lam, shift, strength, pin, rows_dot,
+                                        k_dot, l_dot)
+  each = lambda r: layout.expand(r, rows)
+  return d * (rows_dot - each(lam_dot)) - dz * each(strength_dot), lam_dot, strength_dot
+
+
+def _cotangent(a, layout, rows, lam, shift, strength, pin, y_bar, lam_bar, strength_bar):
+  r"""``(x_bar, k_bar, l_bar)``: the transpose of :func:`_tangent`, as the cotangent kernel
+  computes it: :math:`\bar x_i = d_i(\bar y_i + c)`, :math:`\bar k = -c`; where the budget
+  does not bind :math:`c = (\bar\lambda - \sum_i d_i \bar y_i)/\sum_i d_i` and
+  :math:`\bar l = \bar l' - \sum_i d_i z_i(\bar y_i + c)`; where it binds :math:`c =
+  (\bar l' - \sum_i d_i z_i \bar y_i)/\sum_i d_i z_i`, :math:`\bar l = 0`, and the
+  entries at the cut share :math:`\bar\lambda - \sum_i d_i(\bar y_i + c)`."""
+  d, dz = _slopes(a, layout, rows, lam, shift, strength)
+  each = lambda r: layout.expand(r, rows)
+  y_bar = jnp.where(d != 0, y_bar, 0.0)  # as the kernel, which reads it where d != 0 only
+  total, total_z = layout.sum(d), layout.sum(dz)
+  weighted, weighted_z = layout.sum(d * y_bar), layout.sum(dz * y_bar)
+  pinned = ~jnp.isnan(pin)
+  at_pin = rows == each(pin)
+  pins = jnp.maximum(layout.count(at_pin, rows.dtype), 1.0)
+  c = jnp.where(pinned, _ratio(strength_bar - weighted_z, total_z),
+                _ratio(lam_bar - weighted, total))
+  share = jnp.where(pinned, (lam_bar - weighted - c * total) / pins, 0.0)
+  x_bar = d * (y_bar + each(c)) + jnp.where(at_pin, each(share), 0.0)
+  l_bar = jnp.where(pinned, 0.0, strength_bar - (weighted_z + c * total_z))
+  undefined = jnp.isnan(lam)
+  nan = lambda v: jnp.where(undefined, jnp.nan, v)
+  return jnp.where(each(undefined), jnp.nan, x_bar), nan(-c), nan(l_bar)

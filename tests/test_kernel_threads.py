@@ -156,17 +156,34 @@ def test_magnitude_threaded_equals_serial_to_the_bit(limit, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_budget_threaded_equals_serial_to_the_bit(limit, dtype):
+  # the budget kernel (mask and per-row results), then its derivative kernels (the rule
+  # PINNED: rows that bind at l = 2, rows that do not at l = 0.05)
+  from implicit_topk import support_budget
   name = registry.target("budget", dtype)
   registry.ensure(name)
+  attributes = {"a": np.float64(3.0), "kind": np.int32(0)}
   for n in (8, 64, 1000):
     for rows in _row_counts(n):
       x = _rows(rows, n, dtype)
-      result = jax.ShapeDtypeStruct((rows,), dtype)
-      budget = jax.jit(lambda x, k, l: ffi.call(name, (result,) * 4, x, k, l,
+      full, row = jax.ShapeDtypeStruct((rows, n), dtype), jax.ShapeDtypeStruct((rows,), dtype)
+      budget = jax.jit(lambda x, k, l: ffi.call(name, (full,) + (row,) * 4, x, k, l,
                                                 a=np.float64(3.0), m=np.int32(4)))
-      k, l = np.full(rows, 1.5, dtype), np.full(rows, 0.5, dtype)
+      k = np.full(rows, 1.5, dtype)
+      l = np.where(np.arange(rows) % 2 == 0, 2.0, 0.05).astype(dtype)
       serial, threaded = _serial_and_threaded(limit, budget, x, k, l)
       assert serial == threaded, (rows, n)
+      _, lam, shift, strength, pin = support_budget._kernel_operator(4, 3.0)(x, k, l)
+      rng = np.random.default_rng(n)
+      tangents = (rng.standard_normal((rows, n)).astype(dtype),
+                  *(rng.standard_normal(rows).astype(dtype) for _ in range(2)))
+      for direction, results in (("tangent", (full, row, row)), ("cotangent", (full, row, row))):
+        target = registry.target(f"budget_{direction}_cubic", dtype)
+        registry.ensure(target)
+        call = jax.jit(lambda *a, target=target, results=results: ffi.call(
+            target, results, *a, **attributes))
+        serial, threaded = _serial_and_threaded(limit, call, x, lam, shift, strength, pin,
+                                                *tangents)
+        assert serial == threaded, (direction, rows, n)
 
 
 def _reference_and_call(dtype=np.float32, rows=16384, n=8):

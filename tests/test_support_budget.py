@@ -476,6 +476,45 @@ def test_kernel_against_the_reference(dtype):
       assert np.all(np.sum(y > 0, axis=-1)[:1] <= m)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kernel_rows_with_nothing_finite_to_place(dtype):
+  # k = 0 on a row of -inf entries, and as many +inf entries as k: nothing finite lies
+  # above the cut and no mass is left to place, so any threshold is one. Expected by hand:
+  # 1 at +inf, 0 elsewhere (the plain mask's rules), on the kernel (native) and JAX paths.
+  inf = np.inf
+  cases = ((np.full(6, -inf), 0.0, np.zeros(6)),
+           (np.array([inf, -inf, -inf, -inf, -inf, -inf]), 1.0, np.eye(6)[0]),
+           (np.array([-inf, inf, -inf, inf, -inf, -inf]), 2.0, np.array([0, 1, 0, 1, 0, 0.0])))
+  for row, k, want in cases:
+    for solver in ("native", "threshold"):
+      y = itk.soft_topk_mask(jnp.asarray(row, dtype), k, regularization_strength=1.0,
+                             max_support=3, solver=solver)
+      np.testing.assert_array_equal(np.asarray(y, np.float64), want, err_msg=solver)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), pytest.param(np.float32, 2e-4,
+                                                                         marks=slow)])
+def test_kernel_derivatives_match_the_jax_path(dtype, tol):
+  """The derivative kernels (rule PINNED; binding rows move the strength, the others the
+  threshold) against the JAX path's implicit derivatives, forward and reverse, in x, k
+  and l, on rows with ties at the cut and an infinite entry."""
+  x = np.concatenate([_rows(21, (5, 9)), _rows(22, (5, 9), ties=True),
+                      [[np.inf, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0, 1.0, 1.0]]]).astype(dtype)
+  rng = np.random.default_rng(23)
+  w, t = (jnp.asarray(rng.normal(size=x.shape), dtype) for _ in range(2))
+  for p, l in itertools.product((4.0 / 3.0, 2.0, 1.5), (0.2, 4.0)):
+    def f(z, k, s, solver):
+      return jnp.sum(w * itk.soft_topk_mask(z, k, regularization_strength=s, p=p,
+                                            max_support=4, solver=solver))
+    args = (jnp.asarray(x), jnp.asarray(2.5, dtype), jnp.asarray(l, dtype))
+    grads = [jax.grad(f, argnums=(0, 1, 2))(*args, solver) for solver in ("native", "threshold")]
+    for got, want in zip(*grads):
+      np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    jvps = [jax.jvp(lambda z: f(z, args[1], args[2], solver), (args[0],), (t,))[1]
+            for solver in ("native", "threshold")]
+    np.testing.assert_allclose(*jvps, rtol=tol, atol=tol)
+
+
 def test_the_kernel_serves_the_default_on_cpu_only_where_it_applies():
   from implicit_topk import support_budget
   x = jnp.asarray(_rows(0, (3, 9)))

@@ -20,9 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk.kernels.cpu import ffi, registry
-from implicit_topk.kernels.cpu.native_calls import (capped_simplex_kernel, derivative_rule,
-                                                    kernel_attributes)
+from implicit_topk.kernels.cpu.native_calls import (capped_simplex_kernel, derivative_call,
+                                                    derivative_rule, kernel_attributes)
 from implicit_topk.solvers import float_range, mask_tangent
 from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 
@@ -50,11 +49,8 @@ def _mask_operator(attributes):
     x, k, l = primals
     outs = operator(x, k, l)
     _, lam, _, _, shift = outs
-    full, rows = jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(lam.shape, x.dtype)
-    y_dot, lam_dot = ffi.linear_call(
-        registry.target(f"capped_simplex_tangent_{rule}", x.dtype),
-        registry.target(f"capped_simplex_cotangent_{rule}", x.dtype),
-        (full, rows), (full, rows, rows), (x, lam, shift, l), tangents, reference, **attributes)
+    y_dot, lam_dot = derivative_call("capped_simplex", rule, (x, lam, shift, l), tangents,
+                                     reference, 2, attributes)
     zeros = [jnp.zeros_like(out) for out in outs[2:]]
     return outs, (y_dot, lam_dot, *zeros)
 

@@ -59,3 +59,19 @@ def magnitude_kernel(x, k, l, p: float):
   per row; ``k`` and ``l`` broadcast to ``x.shape[:-1]``."""
   return _row_kernel("magnitude", x, k, l, ("row", "passes", "row"),
                      {"a": np.float64(regularizers.PNorm(p).exponent)})
+
+
+def derivative_call(family: str, rule: str, primals, tangents, reference, outputs: int,
+                    attributes):
+  """The derivative kernels ``<family>_tangent_<rule>`` (on ``(*primals, *tangents)``:
+  the tangent of the mask, x's shape, and of ``outputs - 1`` per-row values) and
+  ``<family>_cotangent_<rule>`` (its transpose: the cotangents of ``x``, ``k``, ``l``) as
+  one linear map (:func:`implicit_topk.kernels.cpu.ffi.linear_call`); ``reference`` is
+  the same map in JAX, for higher orders. ``primals[0]`` is ``x``."""
+  x = primals[0]
+  full = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  rows = jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)
+  return ffi.linear_call(registry.target(f"{family}_tangent_{rule}", x.dtype),
+                         registry.target(f"{family}_cotangent_{rule}", x.dtype),
+                         (full,) + (rows,) * (outputs - 1), (full, rows, rows), primals,
+                         tangents, reference, **attributes)

@@ -105,11 +105,17 @@ def _general_slope(v, lam, l, inv, origin, kind, a):  # other p; entropy, sigmoi
 CUBIC, LINEAR, GENERAL = 0, 1, 2  # p = 4/3, p = 2, the others (branchy: a pow or an exp)
 
 
+#: Added to a rule: the budgeted mask's derivatives (:mod:`~implicit_topk.kernels.cpu.budget_kernel`),
+#: whose rows may be pinned (see :func:`_tangent_loops`).
+PINNED = 4
+
+
 @njit(inline="always", **_OPTIONS)
 def _rule_slope(rule, v, lam, l, inv, origin, kind, a):
-  if rule == CUBIC:
+  base = rule % PINNED
+  if base == CUBIC:
     return _cubic_slope(v, lam, l, inv, origin, kind, a)
-  if rule == LINEAR:
+  if base == LINEAR:
     return _linear_slope(v, lam, l, inv, origin, kind, a)
   return _general_slope(v, lam, l, inv, origin, kind, a)
 
@@ -122,14 +128,24 @@ _VECTOR_OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath
 
 
 @njit(**_VECTOR_OPTIONS)
-def _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot, rule):
-  """Forward mode with the entry rule ``rule`` (a compile-time literal): ``y_dot``,
+def _tangent_loops(x, lam, shift, l, pin, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot, s_dot,
+                   rule):
+  r"""Forward mode with the entry rule ``rule`` (a compile-time literal): ``y_dot``,
   ``lam_dot`` from the tangents of ``x``, ``k``, ``l``. Float64 rows with an entry not
   below ``2^1022`` in magnitude (or not finite), or a strength below ``2^-969``, found
   by the first loop as it goes, are done again after the loop by :func:`_tangent_row`
-  where their ``E != 0``."""
+  where their ``E != 0``.
+
+  With ``PINNED`` in ``rule`` (the budgeted mask; no row is rescaled) the strength is an
+  output too, its tangent into ``s_dot``; a row whose ``pin`` is not NaN is pinned: its
+  threshold is the value ``pin`` (:math:`\dot\lambda = \dot x_c`, the mean over the
+  entries equal to ``pin``) and its strength moves instead, :math:`\dot s = (\sum_i
+  d_i(\dot x_i - \dot x_c) - \dot k) / \sum_i d_i z_i` (``l_dot`` unused); then
+  :math:`\dot y_i = d_i(\dot x_i - \dot\lambda - z_i \dot s)` as for the other rows
+  (``proofs/support_budget.md``, 7). Without it, ``pin`` and ``s_dot`` are not read."""
   literally(rule)
-  wide = float64_entries(x)
+  pinned = rule >= PINNED
+  wide = float64_entries(x) and not pinned
   rows, n = x.shape
   flagged, count = np.empty(rows if wide else 0, np.int64), 0
   for b in range(rows):
@@ -137,17 +153,35 @@ def _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_do
     row, x_tangent, out = x[b], x_dot[b], y_dot[b]
     inv = 1.0 / lb
     total, moved, overflow = 0.0, 0.0, 0.0
+    slope, at_pin, pins = 0.0, 0.0, 0.0
+    at = float(pin[b]) if pinned else 0.0
     for i in range(n):
       if wide:  # 4 v is exact, and overflows (NaN here) from |v| = 2^1022 up
         t = 4.0 * row[i]
         overflow += t - t
       live, d, z = _rule_slope(rule, row[i], root, lb, inv, origin, kind, a)
       total += d if live else 0.0
-      moved += d * (x_tangent[i] - z * l_tangent) if live else 0.0
-    rate = (moved - k_dot[b]) / total if total > 0.0 else 0.0
+      if pinned:
+        moved += d * x_tangent[i] if live else 0.0
+        slope += _strength_term(rule, d, z) if live else 0.0
+        at_pin += x_tangent[i] if row[i] == at else 0.0
+        pins += 1.0 if row[i] == at else 0.0
+      else:
+        moved += d * (x_tangent[i] - z * l_tangent) if live else 0.0
+    if pinned:
+      slope = _strength_sum(rule, slope, inv)
+    if pinned and at == at:  # the threshold is the pin's, the strength moves
+      rate = at_pin / max(pins, 1.0)
+      l_tangent = (moved - total * rate - k_dot[b]) / slope if slope > 0.0 else 0.0
+    else:
+      if pinned:
+        moved -= slope * l_tangent
+      rate = (moved - k_dot[b]) / total if total > 0.0 else 0.0
     if root != root:
-      rate = np.nan
+      rate, l_tangent = np.nan, np.nan
     lam_dot[b] = rate
+    if pinned:
+      s_dot[b] = l_tangent
     zero = rate * 0.0
     for i in range(n):
       live, d, z = _rule_slope(rule, row[i], root, lb, inv, origin, kind, a)
@@ -165,12 +199,21 @@ def _tangent_loops(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_do
 
 
 @njit(**_VECTOR_OPTIONS)
-def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar, rule):
-  """Reverse mode with the entry rule ``rule`` (a compile-time literal): ``x_bar``,
+def _cotangent_loops(x, lam, shift, l, pin, y_bar, lam_bar, s_bar, kind, a, x_bar, k_bar, l_bar,
+                     rule):
+  r"""Reverse mode with the entry rule ``rule`` (a compile-time literal): ``x_bar``,
   ``k_bar``, ``l_bar`` from the cotangents of ``y``, ``lam``. Float64 rows at the ends
-  of the float range as in :func:`_tangent_loops` (:func:`_cotangent_row`)."""
+  of the float range as in :func:`_tangent_loops` (:func:`_cotangent_row`).
+
+  With ``PINNED`` in ``rule``, the transpose of :func:`_tangent_loops`' pinned form,
+  ``s_bar`` the cotangent of the strength: :math:`\bar x_i = d_i(\bar y_i + c)`,
+  :math:`\bar k = -c` with, in a pinned row, :math:`c = (\bar s - \sum_i d_i z_i
+  \bar y_i) / \sum_i d_i z_i`, :math:`\bar l = 0` and the rest,
+  :math:`\bar\lambda - \sum_i d_i(\bar y_i + c)`, shared by the entries equal to
+  ``pin``; in the other rows :math:`\bar l` gains :math:`\bar s`."""
   literally(rule)
-  wide = float64_entries(x)
+  pinned = rule >= PINNED
+  wide = float64_entries(x) and not pinned
   rows, n = x.shape
   flagged, count = np.empty(rows if wide else 0, np.int64), 0
   for b in range(rows):
@@ -178,6 +221,8 @@ def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_
     row, cotangent, out = x[b], y_bar[b], x_bar[b]
     inv = 1.0 / lb
     total, weighted, overflow = 0.0, 0.0, 0.0
+    slope, slope_weighted, pins = 0.0, 0.0, 0.0
+    at = float(pin[b]) if pinned else 0.0
     for i in range(n):
       if wide:
         t = 4.0 * row[i]
@@ -185,7 +230,18 @@ def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_
       live, d, z = _rule_slope(rule, row[i], root, lb, inv, origin, kind, a)
       total += d if live else 0.0
       weighted += d * cotangent[i] if live else 0.0
-    c = (lam_bar[b] - weighted) / total if total > 0.0 else 0.0
+      if pinned:
+        slope += _strength_term(rule, d, z) if live else 0.0
+        slope_weighted += _strength_term(rule, d, z) * cotangent[i] if live else 0.0
+        pins += 1.0 if row[i] == at else 0.0
+    share = 0.0
+    if pinned and at == at:
+      slope = _strength_sum(rule, slope, inv)
+      slope_weighted = _strength_sum(rule, slope_weighted, inv)
+      c = (s_bar[b] - slope_weighted) / slope if slope > 0.0 else 0.0
+      share = (lam_bar[b] - weighted - c * total) / max(pins, 1.0)
+    else:
+      c = (lam_bar[b] - weighted) / total if total > 0.0 else 0.0
     if root != root:
       c = np.nan
     zero, strength = c * 0.0, 0.0
@@ -193,9 +249,14 @@ def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_
       live, d, z = _rule_slope(rule, row[i], root, lb, inv, origin, kind, a)
       g = cotangent[i] + c
       out[i] = d * g if live else zero
+      if pinned:
+        out[i] += share if row[i] == at else 0.0
       strength -= _strength_term(rule, d, z) * g if live else 0.0
     k_bar[b] = -c
-    l_bar[b] = _strength_sum(rule, strength, inv) if c == c else np.nan
+    strength = _strength_sum(rule, strength, inv)
+    if pinned:
+      strength = 0.0 if at == at else strength + s_bar[b]
+    l_bar[b] = strength if c == c else np.nan
     if wide:
       flagged[count] = b
       count += not (overflow == 0.0 and lb >= _STRENGTH_FLOOR)
@@ -212,12 +273,12 @@ def _cotangent_loops(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_
 # 2^(+-512)): the sum is of z g, divided by l once after the loop.
 @njit(inline="always", **_VECTOR_OPTIONS)
 def _strength_term(rule, d, z):
-  return z if rule == LINEAR else d * z
+  return z if rule % PINNED == LINEAR else d * z
 
 
 @njit(inline="always", **_VECTOR_OPTIONS)
 def _strength_sum(rule, strength, inv):
-  return strength * inv if rule == LINEAR else strength
+  return strength * inv if rule % PINNED == LINEAR else strength
 
 
 @njit(**_OPTIONS)
@@ -283,7 +344,9 @@ def _cotangent_row(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_ba
 # -- the FFI handlers. Tangents: (x (..., n), lam, shift, l, x_dot (..., n), k_dot,
 #    l_dot) -> (y_dot (..., n), lam_dot); cotangents: (x, lam, shift, l, y_bar (..., n),
 #    lam_bar) -> (x_bar (..., n), k_bar, l_bar); one float dtype, attributes a and kind
-#    as the threshold kernel's. ----------------------------------------------------------
+#    as the threshold kernel's. A rule with PINNED (the budgeted mask's) takes ``pin``
+#    (...) after ``l``, and the strength's tangent (a third result) or cotangent (a
+#    last argument). -------------------------------------------------------------------
 _BAD_ARGUMENTS = abi.message(
     "implicit_topk mask derivative kernel: expected x (..., n), lam, shift, l (...), then "
     "the tangents or cotangents, all of one float dtype, and the attributes a (float64) "
@@ -323,7 +386,9 @@ def _tangent_call(frame, sample, rule, task):
   if abi.handler_prologue(frame):
     return abi.null()
   found, kind, a = _attributes(frame)
-  ok, rows, n = _layout_ok(frame, abi.dtype_code(sample), 0b10001, 0b01, 7, 2)
+  extra = 1 if rule >= PINNED else 0  # pin, and the strength's tangent
+  ok, rows, n = _layout_ok(frame, abi.dtype_code(sample), 1 | 0b10000 << extra, 0b01, 7 + extra,
+                           2 + extra)
   if not (found and ok):
     return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
   status = threads.run_rows(frame, rows, n, task, _tangent_block, sample, rule)
@@ -335,7 +400,9 @@ def _cotangent_call(frame, sample, rule, task):
   if abi.handler_prologue(frame):
     return abi.null()
   found, kind, a = _attributes(frame)
-  ok, rows, n = _layout_ok(frame, abi.dtype_code(sample), 0b010001, 0b001, 6, 3)
+  extra = 1 if rule >= PINNED else 0  # pin, and the strength's cotangent
+  ok, rows, n = _layout_ok(frame, abi.dtype_code(sample), 1 | 0b10000 << extra, 0b001,
+                           6 + 2 * extra, 3)
   if not (found and ok):
     return abi.error(frame, _BAD_ARGUMENTS, abi.ERROR_INVALID_ARGUMENT)
   status = threads.run_rows(frame, rows, n, task, _cotangent_block, sample, rule)
@@ -343,20 +410,22 @@ def _cotangent_call(frame, sample, rule, task):
 
 
 # Rows r0 .. r1 - 1 of a checked call (a block of :mod:`~implicit_topk.kernels.cpu.threads`;
-# each row's results depend on that row alone): the status.
+# each row's results depend on that row alone): the status. Without PINNED, the places
+# of ``pin`` and of the strength's tangent or cotangent hold ``lam``'s (never read).
 @njit(**_OPTIONS)
 def _tangent_block(frame, r0, r1, sample, rule):
   literally(rule)
   found, kind, a = _attributes(frame)
   n = _row_length(frame)
   rows = r1 - r0
+  extra = 1 if rule >= PINNED else 0
+  row = lambda results, i: abi.span_of(frame, results, i, sample, r0, rows)
   return _tangent_loops(
-      abi.rows_of(frame, False, 0, sample, r0, rows, n), abi.span_of(frame, False, 1, sample, r0, rows),
-      abi.span_of(frame, False, 2, sample, r0, rows), abi.span_of(frame, False, 3, sample, r0, rows),
-      abi.rows_of(frame, False, 4, sample, r0, rows, n), abi.span_of(frame, False, 5, sample, r0, rows),
-      abi.span_of(frame, False, 6, sample, r0, rows), kind, a,
-      abi.rows_of(frame, True, 0, sample, r0, rows, n), abi.span_of(frame, True, 1, sample, r0, rows),
-      rule)
+      abi.rows_of(frame, False, 0, sample, r0, rows, n), row(False, 1), row(False, 2),
+      row(False, 3), row(False, 1 + 3 * extra),
+      abi.rows_of(frame, False, 4 + extra, sample, r0, rows, n), row(False, 5 + extra),
+      row(False, 6 + extra), kind, a, abi.rows_of(frame, True, 0, sample, r0, rows, n),
+      row(True, 1), row(True, 1 + extra), rule)
 
 
 @njit(**_OPTIONS)
@@ -365,13 +434,14 @@ def _cotangent_block(frame, r0, r1, sample, rule):
   found, kind, a = _attributes(frame)
   n = _row_length(frame)
   rows = r1 - r0
+  extra = 1 if rule >= PINNED else 0
+  row = lambda results, i: abi.span_of(frame, results, i, sample, r0, rows)
   return _cotangent_loops(
-      abi.rows_of(frame, False, 0, sample, r0, rows, n), abi.span_of(frame, False, 1, sample, r0, rows),
-      abi.span_of(frame, False, 2, sample, r0, rows), abi.span_of(frame, False, 3, sample, r0, rows),
-      abi.rows_of(frame, False, 4, sample, r0, rows, n), abi.span_of(frame, False, 5, sample, r0, rows),
-      kind, a, abi.rows_of(frame, True, 0, sample, r0, rows, n),
-      abi.span_of(frame, True, 1, sample, r0, rows), abi.span_of(frame, True, 2, sample, r0, rows),
-      rule)
+      abi.rows_of(frame, False, 0, sample, r0, rows, n), row(False, 1), row(False, 2),
+      row(False, 3), row(False, 1 + 3 * extra),
+      abi.rows_of(frame, False, 4 + extra, sample, r0, rows, n), row(False, 5 + extra),
+      row(False, 5 + 2 * extra), kind, a, abi.rows_of(frame, True, 0, sample, r0, rows, n),
+      row(True, 1), row(True, 2), rule)
 
 
 @njit(inline="always", **_OPTIONS)

@@ -45,6 +45,8 @@ FAMILIES = {
        for direction in ("tangent", "cotangent") for rule in ("cubic", "linear", "general")},
     "magnitude": ("native", "native_magnitude", "magnitude_{}"),
     "budget": ("native", "budget_kernel", "budget_{}"),
+    **{f"budget_{direction}_{rule}": ("native", "budget_kernel", f"{direction}_{rule}_{{}}")
+       for direction in ("tangent", "cotangent") for rule in ("cubic", "linear", "general")},
     "pav_capped_simplex": ("pav", "pav_ffi", "capped_simplex_{}"),
     "pav_magnitude": ("pav", "pav_ffi", "magnitude_{}"),
     "pav_permutahedron": ("pav", "pav_ffi", "permutahedron_{}"),
