@@ -77,8 +77,8 @@ def piece_refined_step(step, phi, dphi, d2phi, d3phi):
   ``s = -step``, each kept only where ``c'(s) < 0`` (phi is nonincreasing); ``step``
   itself where the result is not finite. A root on the current piece is then reached in
   one pass (confirmed by the next), as Newton's is for p = 2. Only the proposal changes:
-  the caller's safeguards (inside the bracket, at most half the previous step, else a
-  bisection) and stopping rules are unchanged."""
+  the caller's safeguards (inside the bracket, at most half the step before the last,
+  else a fallback point) and stopping rules are unchanged."""
   s = -step
   for _ in range(PIECE_REFINEMENTS):
     slope = dphi + s * (d2phi + 0.5 * s * d3phi)
@@ -103,7 +103,8 @@ def safeguarded_newton_step(derivatives, carry, *, tols, step_scale, residual_sc
   point of the bracket's ends (the secant through ``(lo, phi_lo)`` and
   ``(hi, phi_hi)``) where both are known and it lies strictly inside: one step to a
   root next to a kink, where a curved piece makes Newton overshoot the bracket (a
-  saturating top entry); on even passes, or without it, we bisect (when ``geometric``,
+  saturating top entry), or, where Newton lands just beyond an end, the point half the
+  stopping width inside that end; on even passes, or without it, we bisect (when ``geometric``,
   a bracket spanning more than two binades halves its ordered bit patterns instead,
   :func:`_ordered_middle`: roots many decades below the bracket's far end, or near 0
   in a bracket from -1e300). So the bracket at least halves every other rejected pass.

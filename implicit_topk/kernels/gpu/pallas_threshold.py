@@ -45,9 +45,10 @@ power of two with the problem's ``excluded_value`` (never selected, output exact
 0, so the threshold does not change) and the batch to a multiple of the block of
 rows (no copy when ``n`` is a power of two and the batch a multiple of the block).
 Blocks hold about ``_GPU_BLOCK_ELEMENTS`` (1024) entries with Triton's default 4 warps
-(H100, jax 0.11.2, the kernel of this iteration: ``benchmarks/results/gpu_h100_diag.jsonl``;
-4 warps beat 8 by 10-30% at every router cell, 1024 entries beat 512 at 16384 x 64 and
-16384 x 256 and tied at 16384 x 8).
+(H100, jax 0.11.2, ``benchmarks/results/gpu_h100_diag_0a7bfdf.jsonl``, the kernel before
+this iteration: 4 warps beat 8 by 10-30% at 16384 x 64 and 16384 x 256 and tied at
+16384 x 8; 1024 entries beat 512 at 16384 x 64 and 16384 x 256 with 8 warps; the run of
+``gpu_h100_diag.jsonl`` only reached 16384 x 8, where the sizes were within noise).
 Accumulation is in float32 for float32, bfloat16 and float16 inputs and in float64
 for float64 inputs.
 """
