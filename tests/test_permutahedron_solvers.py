@@ -322,12 +322,14 @@ def test_gradients_match_finite_differences(kind):
          (lambda x: perm.soft_sort(x, regularization_strength=0.4, **options), positive),
          (lambda x: perm.permutahedron_argmax(x, jnp.abs(w) + 0.5, regularization_strength=0.4, **options), x),
          (lambda x: perm.soft_quantile(x, jnp.array([0.3, 0.5]), regularization_strength=0.4, **options), positive)]
+  # jitted: check_grads evaluates each function a few times and differentiates it both
+  # ways; eagerly, every one of those calls dispatches the solver's operations one by one.
   for op, point in ops:
-    f = lambda x, op=op: jnp.sum(w[..., :op(x).shape[-1]] * op(x))
+    f = jax.jit(lambda x, op=op: jnp.sum(w[..., :op(x).shape[-1]] * op(x)))
     check_grads(f, (point,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
-  g = lambda l: jnp.sum(w * perm.soft_rank(x, regularization_strength=l, **options))
+  g = jax.jit(lambda l: jnp.sum(w * perm.soft_rank(x, regularization_strength=l, **options)))
   check_grads(g, (0.4,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
-  h = lambda v: jnp.sum(w * perm.permutahedron_argmax(x, v, regularization_strength=0.4, **options))
+  h = jax.jit(lambda v: jnp.sum(w * perm.permutahedron_argmax(x, v, regularization_strength=0.4, **options)))
   check_grads(h, (jnp.abs(w) + 0.5,), order=1, modes=("rev",), atol=1e-6, rtol=1e-6, eps=1e-6)
 
 
