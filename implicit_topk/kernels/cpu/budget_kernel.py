@@ -8,7 +8,10 @@ row again. Then, on those m+1 values in float64, the steps of :func:`implicit_to
 crossing strength :math:`l^\star` and the plain threshold in the closed forms of
 :mod:`implicit_topk._budget_pieces` (p = 2, 3/2, 4/3: :math:`a = 1, 2, 3`; other p
 stay in JAX). Writes per row ``(shift, offset, strength, cut)`` as ``_solve`` defines
-them, and the mask (a second pass over the row).
+them, and the mask (a second pass over the row). The threshold's piece search forms a
+sum of F only where the weights, summed in the same order, do not bound it past K
+(``proofs/support_budget.md``, "In the CPU kernel" (iii)), and the row's helpers are
+inlined (a call with arrays cost more than its work at m = 3).
 
 The XLA FFI handlers ``budget_f32`` / ``budget_f64``: ``x`` (..., n), ``k`` (...),
 ``l`` (...) of one float dtype, scalar attributes ``a`` (float64) and ``m`` (int32) ->
@@ -172,7 +175,7 @@ def _crossing_strength(values, weights, cut, target, a):
 
 @njit(inline="always", **_OPTIONS)
 def _entered(q, w, t, a):
-  """F at the breakpoint where entry ``t`` enters (:math:`\lambda = q_t`): the entries
+  r"""F at the breakpoint where entry ``t`` enters (:math:`\lambda = q_t`): the entries
   before it, :math:`\sum_{i<t} w_i\,g(q_i - q_t)`."""
   f = 0.0
   for i in range(t):
@@ -182,7 +185,7 @@ def _entered(q, w, t, a):
 
 @njit(inline="always", **_OPTIONS)
 def _saturating(q, w, count, t, prefix, a, descending):
-  """F where entry ``t`` saturates (:math:`\lambda = q_t - 1`): ``prefix`` (the weights up
+  r"""F where entry ``t`` saturates (:math:`\lambda = q_t - 1`): ``prefix`` (the weights up
   to ``t``, summed in order) plus the entries after it. Where ``q`` is ``descending``
   (finite), the first entry at or below the point ends the sum (it and the rest add 0)."""
   f = prefix
@@ -196,7 +199,7 @@ def _saturating(q, w, count, t, prefix, a, descending):
 
 @njit(inline="always", **_OPTIONS)
 def _at_cut(q, w, count, q_cut, a):
-  """F at the cut: :math:`\sum_i w_i\,g(q_i - q_c)`."""
+  r"""F at the cut: :math:`\sum_i w_i\,g(q_i - q_c)`."""
   f = 0.0
   for i in range(count):
     f += w[i] * _mask(q[i] - q_cut, a)
