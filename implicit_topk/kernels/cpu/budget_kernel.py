@@ -8,7 +8,10 @@ row again. Then, on those m+1 values in float64, the steps of :func:`implicit_to
 crossing strength :math:`l^\star` and the plain threshold in the closed forms of
 :mod:`implicit_topk._budget_pieces` (p = 2, 3/2, 4/3: :math:`a = 1, 2, 3`; other p
 stay in JAX). Writes per row ``(shift, offset, strength, cut)`` as ``_solve`` defines
-them, and the mask (a second pass over the row).
+them, and the mask (a second pass over the row). The threshold's piece search forms a
+sum of F only where the weights, summed in the same order, do not bound it past K
+(``proofs/support_budget.md``, "In the CPU kernel" (iii)), and the row's helpers are
+inlined (a call with arrays cost more than its work at m = 3).
 
 The XLA FFI handlers ``budget_f32`` / ``budget_f64``: ``x`` (..., n), ``k`` (...),
 ``l`` (...) of one float dtype, scalar attributes ``a`` (float64) and ``m`` (int32) ->
@@ -36,14 +39,14 @@ _OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
 _INF = np.inf
 
 
-@njit(**_OPTIONS)
+@njit(inline="always", **_OPTIONS)
 def _mask(u, a):
   r""":math:`\min(1, u_+)^a` (``a`` = 1, 2, 3)."""
   u = min(max(u, 0.0), 1.0)
   return u if a == 1.0 else (u * u if a == 2.0 else u * u * u)
 
 
-@njit(**_OPTIONS)
+@njit(inline="always", **_OPTIONS)
 def _largest(row, m, top):
   """The m+1 largest entries of ``row`` into ``top``, descending (``-inf`` past the
   row's length); False where the row has NaN. For m < 5 (the router budgets) five
@@ -72,7 +75,7 @@ def _pair(s, v):
   return max(s, v), min(s, v)
 
 
-@njit(**_OPTIONS)
+@njit(inline="always", **_OPTIONS)
 def _largest5(row, m, top):
   """:func:`_largest` for m < 5: the five largest entries in registers."""
   s0 = s1 = s2 = s3 = s4 = -_INF
@@ -91,7 +94,7 @@ def _largest5(row, m, top):
   return not nan
 
 
-@njit(**_OPTIONS)
+@njit(inline="always", **_OPTIONS)
 def _entries(row, top, m, k, values, weights):
   """``values`` (distinct, descending, ``-inf`` past them) and ``weights`` (their
   counts) above the cut of the tie rule (``support_budget._entries``); returns the cut.
@@ -124,7 +127,7 @@ def _entries(row, top, m, k, values, weights):
   return below
 
 
-@njit(**_OPTIONS)
+@njit(inline="always", **_OPTIONS)
 def _mask_sum(values, weights, cut, l, a):
   r""":math:`S(l) = \sum_i w_i\,g((v_i - c) / l)` (``_budget_pieces.mask_sum``)."""
   total = 0.0
@@ -135,7 +138,7 @@ def _mask_sum(values, weights, cut, l, a):
   return total
 
 
-@njit(**_OPTIONS)
+@njit(inline="always", **_OPTIONS)
 def _crossing_strength(values, weights, cut, target, a):
   r""":math:`l^\star` of ``_budget_pieces.crossing_strength`` on the gaps
   :math:`d_i = v_i - c` (finite, positive, weight > 0)."""
@@ -170,92 +173,127 @@ def _crossing_strength(values, weights, cut, target, a):
   return smallest if weight_sum >= target else np.nan
 
 
-@njit(**_OPTIONS)
-def _breakpoint(which, values, q, cut, size):
-  """``(anchor, base)`` of breakpoint ``which`` (``v_j``, ``v_j - l`` or the cut)."""
-  if which == 2 * size:
-    return (cut if abs(cut) < _INF else 0.0), 0.0
-  entry = which if which < size else which - size
-  anchor = values[entry] if q[entry] == q[entry] else 0.0
-  return anchor, (-1.0 if which >= size else 0.0)
-
-
-@njit(**_OPTIONS)
-def _value_at(b, q, weights, q_cut, a):
-  """F at breakpoint ``b`` of :func:`_threshold` (entry ``b`` entering, entry ``b - size``
-  saturating, or the cut), from the entries above it (the others are 0 or 1)."""
-  size = q.shape[0]
+@njit(inline="always", **_OPTIONS)
+def _entered(q, w, t, a):
+  r"""F at the breakpoint where entry ``t`` enters (:math:`\lambda = q_t`): the entries
+  before it, :math:`\sum_{i<t} w_i\,g(q_i - q_t)`."""
   f = 0.0
-  if b < size:
-    for i in range(b):
-      if q[i] == q[i]:
-        f += weights[i] * _mask(q[i] - q[b], a)
-  elif b < 2 * size:
-    j = b - size
-    for i in range(size):
-      if q[i] == q[i]:
-        f += weights[i] if i <= j else weights[i] * _mask(q[i] - q[j] + 1.0, a)
-  else:
-    for i in range(size):
-      if q[i] == q[i]:
-        f += weights[i] * _mask(q[i] - q_cut, a)
+  for i in range(t):
+    f += w[i] * _mask(q[i] - q[t], a)
   return f
 
 
-@njit(**_OPTIONS)
-def _threshold(values, weights, cut, l, target, a, q):
+@njit(inline="always", **_OPTIONS)
+def _saturating(q, w, count, t, prefix, a, descending):
+  r"""F where entry ``t`` saturates (:math:`\lambda = q_t - 1`): ``prefix`` (the weights up
+  to ``t``, summed in order) plus the entries after it. Where ``q`` is ``descending``
+  (finite), the first entry at or below the point ends the sum (it and the rest add 0)."""
+  f = prefix
+  for i in range(t + 1, count):
+    u = q[i] - q[t] + 1.0
+    if descending and not u > 0.0:
+      break
+    f += w[i] * _mask(u, a)
+  return f
+
+
+@njit(inline="always", **_OPTIONS)
+def _at_cut(q, w, count, q_cut, a):
+  r"""F at the cut: :math:`\sum_i w_i\,g(q_i - q_c)`."""
+  f = 0.0
+  for i in range(count):
+    f += w[i] * _mask(q[i] - q_cut, a)
+  return f
+
+
+@njit(inline="always", **_OPTIONS)
+def _threshold(values, weights, cut, l, target, a, q, w, v, e):
   r"""``(anchor, offset)`` of ``_budget_pieces.threshold``: :math:`\lambda = ` anchor +
-  l offset with :math:`\sum_i w_i\,g((v_i - \lambda)/l) = K`, :math:`\lambda \ge c`;
-  ``q`` is scratch (m+1; NaN marks an entry that is not used)."""
-  size = values.shape[0]
-  largest = -_INF
-  for i in range(size):
+  l offset with :math:`F(\lambda) = \sum_i w_i\,g((v_i - \lambda)/l) = K`,
+  :math:`\lambda \ge c`; ``q``, ``w``, ``v``, ``e`` are scratch (m+1).
+
+  The used entries (weight > 0, finite) are packed in order into ``v``, ``w`` and
+  :math:`q_i = (v_i - \max v)/l`. F is evaluated at the breakpoints from the largest
+  down (entry ``t`` entering at :math:`q_t`, saturating at :math:`q_t - 1`, the cut;
+  ties in that order): ``lo`` is the first with F >= K and ``hi`` the one before it, as
+  ``_budget_pieces.threshold`` finds them among all. Each F is a sum in index order of
+  terms :math:`0 \le w_i g \le w_i`, and rounding is monotone, so the weights summed in
+  the same order bound it: at an entering point F is at most the weights before it, at
+  a saturating one at least those up to it and at most all; where a bound decides the
+  comparison with K the sum is not formed (the same decision as forming it)."""
+  # (the values descend: the first used one is the largest, the origin)
+  origin, found, count, total_weight, descending = 0.0, False, 0, 0.0, l > 0.0
+  for i in range(values.shape[0]):
     if weights[i] > 0.0 and abs(values[i]) < _INF:
-      largest = max(largest, values[i])
-  origin = largest if largest > -_INF else 0.0
-  for i in range(size):
-    q[i] = (values[i] - origin) / l if weights[i] > 0.0 and abs(values[i]) < _INF else np.nan
+      origin = origin if found else values[i]
+      found = True
+      qi = (values[i] - origin) / l
+      if qi == qi:  # (NaN only for a strength that is not positive and finite)
+        q[count], w[count], v[count] = qi, weights[i], values[i]
+        total_weight += weights[i]
+        descending &= abs(qi) < _INF
+        count += 1
   finite_cut = abs(cut) < _INF
   q_cut = (cut - origin) / l if finite_cut else 0.0
-  # F at the breakpoints from the largest down (F grows as lambda falls): lo is the first
-  # with F >= K and hi the one before it, as _budget_pieces.threshold finds them among all
-  # (ties in its order: entering, saturating, the cut)
+  # the walk: ``enter``/``saturate`` index the next entering/saturating entry
   lo, hi, which = -_INF, _INF, -1
   enter, saturate, cut_left = 0, 0, finite_cut
+  before_enter, upto_saturate = 0.0, 0.0  # the weights before `enter`, up to `saturate`
   while True:
-    while enter < size and q[enter] != q[enter]:
-      enter += 1
-    while saturate < size and q[saturate] != q[saturate]:
-      saturate += 1
     point, b = -_INF, -1
-    if enter < size:
-      point, b = q[enter], enter
-    if saturate < size and (b < 0 or q[saturate] - 1.0 > point):
-      point, b = q[saturate] - 1.0, size + saturate
+    if enter < count:
+      point, b = q[enter], 0
+    if saturate < count and (b < 0 or q[saturate] - 1.0 > point):
+      point, b = q[saturate] - 1.0, 1
     if cut_left and (b < 0 or q_cut > point):
-      point, b = q_cut, 2 * size
+      point, b = q_cut, 2
     if b < 0:
       return 0.0, np.nan  # no threshold
-    if _value_at(b, q, weights, q_cut, a) >= target:
+    # (the bounds only where q is finite and descending: l > 0; elsewhere every sum)
+    if b == 0:
+      reached = ((before_enter >= target or not descending)
+                 and _entered(q, w, enter, a) >= target)
+    elif b == 1:
+      prefix = upto_saturate + w[saturate]
+      if descending and (prefix >= target or not total_weight >= target):
+        reached = prefix >= target
+      else:
+        reached = _saturating(q, w, count, saturate, prefix, a, descending) >= target
+    else:
+      reached = ((total_weight >= target or not descending)
+                 and _at_cut(q, w, count, q_cut, a) >= target)
+    if reached:
       lo, which = point, b
       break
     hi = point
-    if b < size:
+    if b == 0:
+      before_enter += w[enter]
       enter += 1
-    elif b < 2 * size:
+    elif b == 1:
+      upto_saturate += w[saturate]
       saturate += 1
     else:
       cut_left = False
-  anchor, base = _breakpoint(which, values, q, cut, size)
+  # the breakpoint lo as anchor + l base (v_j, v_j - l or the cut)
+  if which == 2:
+    anchor, base = cut, 0.0
+  elif which == 1:
+    anchor, base = v[saturate], -1.0
+  else:
+    anchor, base = v[enter], 0.0
   saturated, total, mean = 0.0, 0.0, 0.0
-  for i in range(size):
-    if q[i] == q[i] and q[i] - 1.0 >= hi:
-      saturated += weights[i]
+  for i in range(count):
+    if q[i] - 1.0 >= hi:
+      saturated += w[i]
   rest = target - saturated
-  for i in range(size):  # the active entries: e_i = (v_i - anchor)/l - base
-    if q[i] == q[i] and q[i] > lo and not q[i] - 1.0 >= hi:
-      total += weights[i]
-      mean += weights[i] * max((values[i] - anchor) / l - base, 0.0)
+  active = 0
+  for i in range(count):  # the active entries: e_i = (v_i - anchor)/l - base
+    if q[i] > lo and not q[i] - 1.0 >= hi:
+      e[active] = max((v[i] - anchor) / l - base, 0.0)
+      total += w[i]
+      mean += w[i] * e[active]
+      q[active] = w[i]  # (q is free now: the active weights)
+      active += 1
   width = hi - lo if hi < _INF else 0.0
   delta = 0.0
   if total > 0.0:
@@ -264,11 +302,10 @@ def _threshold(values, weights, cut, l, target, a, q):
       delta = mean - rest / total
     else:
       spread, third = 0.0, 0.0
-      for i in range(size):
-        if q[i] == q[i] and q[i] > lo and not q[i] - 1.0 >= hi:
-          c = max((values[i] - anchor) / l - base, 0.0) - mean
-          spread += weights[i] * c * c
-          third += weights[i] * (c * c * c)
+      for i in range(active):
+        c = e[i] - mean
+        spread += q[i] * c * c
+        third += q[i] * (c * c * c)
       if a == 2.0:
         y = math.sqrt(max(rest - spread, 0.0) / total)
       else:  # a == 3: Cardano, y = A - P / (3 A)
@@ -282,9 +319,10 @@ def _threshold(values, weights, cut, l, target, a, q):
   return anchor, (base + delta if target >= 0.0 else np.nan)
 
 
-@njit(**_OPTIONS)
-def _solve(values, weights, cut, k, l, a, q):
-  """``(shift, offset, strength)`` of ``support_budget._solve`` for one row."""
+@njit(inline="always", **_OPTIONS)
+def _solve(values, weights, cut, k, l, a, scratch):
+  """``(shift, offset, strength)`` of ``support_budget._solve`` for one row; ``scratch``
+  (4, m+1)."""
   target = k
   for i in range(values.shape[0]):
     if values[i] == _INF:
@@ -301,7 +339,8 @@ def _solve(values, weights, cut, k, l, a, q):
   if binds:
     shift, offset, strength = cut, 0.0, l_star
   else:
-    shift, offset = _threshold(values, weights, cut, l, target, a, q)
+    shift, offset = _threshold(values, weights, cut, l, target, a, scratch[0], scratch[1],
+                               scratch[2], scratch[3])
     if finite_cut and offset == offset:
       offset = max(offset, (cut - shift) / l)
     strength = l
@@ -312,7 +351,7 @@ def _solve(values, weights, cut, k, l, a, q):
   return shift, offset, strength
 
 
-@njit(**_OPTIONS)
+@njit(inline="always", **_OPTIONS)
 def _any_weight(weights):
   for i in range(weights.shape[0]):
     if weights[i] > 0.0:
@@ -320,7 +359,7 @@ def _any_weight(weights):
   return False
 
 
-@njit(**_OPTIONS)
+@njit(inline="always", **_OPTIONS)
 def _write_mask(row, shift, offset, strength, cut, a, y):
   r"""The budgeted mask of ``row`` into ``y``: :math:`g((x_i - \text{shift}) / l' -
   \text{offset})` above the cut (1 at ``+inf``), 0 at or below it; NaN where the
@@ -340,13 +379,14 @@ def budget_rows(x, k, l, m, a, y, shift, offset, strength, cut):
   """Every row of ``x`` (rows, n): its mask into ``y`` and ``(shift, offset, strength,
   cut)`` per row. Returns 0."""
   rows = x.shape[0]
-  top, values, weights, q = np.empty(m + 1), np.empty(m + 1), np.empty(m + 1), np.empty(m + 1)
+  top, values, weights = np.empty(m + 1), np.empty(m + 1), np.empty(m + 1)
+  scratch = np.empty((4, m + 1))
   for b in range(rows):
     if not _largest(x[b], m, top):  # NaN in the row
       s, o, t, c = 0.0, np.nan, np.nan, np.nan
     else:
       c = _entries(x[b], top, m, float(k[b]), values, weights)
-      s, o, t = _solve(values, weights, c, float(k[b]), float(l[b]), a, q)
+      s, o, t = _solve(values, weights, c, float(k[b]), float(l[b]), a, scratch)
     shift[b], offset[b], strength[b], cut[b] = s, o, t, c
     # from the values as stored (rounded to x's dtype), as the derivative kernels read them
     _write_mask(x[b], float(shift[b]), float(offset[b]), float(strength[b]), float(cut[b]), a,

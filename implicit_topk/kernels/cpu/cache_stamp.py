@@ -15,32 +15,67 @@ before the first handler is built (:func:`implicit_topk.kernels.cpu.registry.ens
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
 import pathlib
-import re
 import threading
 from typing import Any
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _PACKAGE = "implicit_topk.kernels.cpu"
 _STAMP_FILE = "kernel_dependencies.json"
-_IMPORT = re.compile(rf"^\s*(?:from|import)\s+{re.escape(_PACKAGE)}(?:\.(\w+)|\s+import\s+([\w ,()]+))",
-                     re.MULTILINE)
 _LOCK = threading.Lock()
 _DONE = False
+#: :func:`package_imports`' name for "the package as a whole" (``import
+#: implicit_topk.kernels.cpu as k``, a ``*`` import): every module may be reached.
+EVERY = "*"
 
 
 def package_imports(source: str) -> set[str]:
-  """The names ``source`` imports from this package (modules, or names imported from
-  the package itself; the caller keeps those that are modules)."""
+  """The names ``source`` imports from this package, in every import form (modules, or
+  names imported from the package itself; the caller keeps those that are modules):
+  ``import pkg.a [as c]``, ``from pkg import a [as c]``, ``from pkg.a[.b] import f [as
+  g]``, the relative ``from . import a [as c]`` and ``from .a import f [as g]``, inside
+  functions too; :data:`EVERY` where the package itself is bound to a name (its
+  attributes can reach any module). Source that does not parse: :data:`EVERY`."""
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError):
+    return {EVERY}
   names = set()
-  for module, listed in _IMPORT.findall(source):
-    if module:
-      names.add(module)
-    else:
-      names.update(n.strip() for n in listed.strip("() ").split(",") if n.strip())
+
+  def within(module: str) -> str | None:
+    """``module`` relative to the package: "" for the package itself, the first
+    component below it, or None outside it."""
+    if module == _PACKAGE:
+      return ""
+    return module[len(_PACKAGE) + 1:].split(".")[0] if module.startswith(_PACKAGE + ".") else None
+
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        below = within(alias.name)
+        if below is not None:
+          names.add(below or EVERY)
+        elif _PACKAGE.startswith(alias.name + "."):  # import implicit_topk [as t]: its attributes
+          names.add(EVERY)
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:  # relative: this package's directory (level 1) or above it
+        below = (node.module or "").split(".")[0] if node.level == 1 else None
+        if node.level > 1:
+          names.add(EVERY)
+      else:
+        below = within(node.module or "")
+        if below is None and _PACKAGE.startswith((node.module or "") + "."):
+          # from implicit_topk.kernels import cpu [as c]
+          names.update(EVERY for alias in node.names
+                       if _PACKAGE == f"{node.module}.{alias.name}" or alias.name == "*")
+      if below:
+        names.add(below)
+      elif below == "":
+        names.update(EVERY if alias.name == "*" else alias.name for alias in node.names)
   return names
 
 
@@ -48,7 +83,10 @@ def dependency_hashes(directory: pathlib.Path = _HERE) -> dict[str, str]:
   """Per module of ``directory``: a hash of the sources of the modules it imports from
   this package, transitively (its own source is numba's stamp already)."""
   sources = {p.stem: p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.py"))}
-  direct = {name: package_imports(text) & sources.keys() for name, text in sources.items()}
+  direct = {}
+  for name, text in sources.items():
+    imported = package_imports(text)
+    direct[name] = set(sources) if EVERY in imported else imported & sources.keys()
   hashes = {}
   for name in sources:
     seen, todo = set(), list(direct[name])
