@@ -85,20 +85,25 @@ def _fwd_bwd(op):
 
 MASK = lambda k: (lambda u: itk.soft_topk_mask(u, k, regularization_strength=0.5))
 MAG = lambda k: (lambda u: itk.soft_topk_mag(u, k, regularization_strength=0.5))
-CELLS = [("mask", (16384, 8), 2.0), ("mask", (16384, 64), 2.0), ("mask", (16384, 256), 8.0),
-         ("mask", (64, 1000), 10.0), ("mag", (16384, 64), 2.0), ("mag", (64, 1000), 10.0)]
+CELLS = [(name, shape, k) for name in ("mask", "mag")
+         for shape, k in (((16384, 8), 2.0), ((16384, 64), 2.0), ((16384, 256), 8.0),
+                          ((64, 1000), 10.0))]
 
 
 @pytest.mark.parametrize("name,shape,k", CELLS, ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}" for c in CELLS])
 def test_default_forward_and_backward_lower_to_the_kernel_without_host_round_trips(name, shape, k):
+  """Forward and backward: one Triton call each (the fused kernel, then the cotangent
+  kernel of ``kernels/gpu/pallas_derivatives.py``); forward mode: the fused kernel and
+  the tangent kernel."""
   op = (MASK if name == "mask" else MAG)(k)
-  # forward+backward holds the forward; the forward alone is lowered for one cell
-  checks = [(_fwd_bwd(op), "forward+backward")]
+  # forward+backward holds the forward; the forward alone, and forward mode, for one cell
+  checks = [(_fwd_bwd(op), "forward+backward", 2)]
   if shape == (16384, 64):
-    checks.append((op, "forward"))
-  for fn, what in checks:
+    checks.append((op, "forward", 1))
+    checks.append((lambda z: jax.jvp(op, (z,), (jnp.cos(z),))[1], "forward mode", 2))
+  for fn, what, calls in checks:
     text = _lower(fn, shape)
-    assert text.count(TRITON) == 1, (what, text.count(TRITON))
+    assert text.count(TRITON) == calls, (what, text.count(TRITON))
     assert "stablehlo.while" not in text, what
     assert not _data_dependent_cases(text), what
     assert "stablehlo.sort" not in text and "top_k" not in text.lower().replace("topk", ""), what
