@@ -110,6 +110,18 @@ def test_default_forward_and_backward_lower_to_the_kernel_without_host_round_tri
     assert set(re.findall(r'custom_call @"?([^\s("]+)', text)) == {TRITON}, what
 
 
+def test_shard_map_over_a_batch_sharded_input_lowers_to_the_kernels():
+  """The gradient inside shard_map (a batch-sharded input): the forward kernel and the
+  cotangent kernel, chosen per platform there too (no data-dependent case)."""
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  mesh = jax.make_mesh((1,), ("b",))
+  fn = jax.jit(jax.shard_map(_fwd_bwd(MASK(2.0)), mesh=mesh, in_specs=P("b"), out_specs=P("b")))
+  x = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=NamedSharding(mesh, P("b")))
+  text = fn.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count(TRITON) == 2 and "stablehlo.while" not in text
+  assert not _data_dependent_cases(text)
+
+
 def test_long_rows_lower_to_the_chunked_kernel():
   """64 x 1e4: one program per row, the row read in chunks (rows of 4096 < n <= 65536)."""
   text = _lower(_fwd_bwd(MASK(100.0)), (64, 10_000))

@@ -97,8 +97,16 @@ class Transposed:
   def __call__(self, *args):
     primals, cotangents = args[:self.num_primals], args[self.num_primals:]
     zeros = [jnp.zeros(t.shape, t.dtype) for t in self.tangents]
-    _, transpose = jax.vjp(lambda *t: self.reference(*primals, *t), *zeros)
-    return tuple(transpose(tuple(cotangents)))
+    outs, transpose = jax.vjp(lambda *t: self.reference(*primals, *t), *zeros)
+    # Inside shard_map a cotangent (e.g. an instantiated zero) may vary over fewer mesh
+    # axes than its output does: cast it to the output's type, as vjp asks.
+    return tuple(transpose(tuple(_vary_as(c, o) for c, o in zip(cotangents, outs))))
+
+
+def _vary_as(value, like):
+  """``value`` marked as varying over the mesh axes ``like`` varies over and it lacks."""
+  missing = _aval_axes(jax.typeof(like)) - _aval_axes(jax.typeof(value))
+  return jax.lax.pcast(value, tuple(sorted(missing)), to="varying") if missing else value
 
 
 def bind(primitive, target, transpose_target, results, transposed, primals, tangents,

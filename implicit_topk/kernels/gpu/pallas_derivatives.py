@@ -201,9 +201,8 @@ def implicit_derivative(problem, primals, tangents, *, interpret: bool | None = 
   if pallas_threshold.padded_length(x.shape[-1]) > pallas_threshold.MAX_ROW_LENGTH:
     return jax.checkpoint(reference, policy=jax.checkpoint_policies.nothing_saveable)(
         *primals, *tangents)
-  options = dict(interpret=interpret, num_warps=num_warps, block_elements=block_elements)
-  results = (x, primals[1])
-  return linear_map.bind(
-      _pallas_linear_call, RowDerivative(problem, False, **options),
-      RowDerivative(problem, True, **options), results, tangents, primals, tangents,
-      reference)
+  kernel = functools.partial(RowDerivative, problem, interpret=interpret,
+                             num_warps=num_warps, block_elements=block_elements)
+  return linear_map.bind(_pallas_linear_call, kernel(transpose=False),
+                         kernel(transpose=True), (x, primals[1]), tangents, primals,
+                         tangents, reference)
