@@ -2,8 +2,8 @@
 
 Nothing runs on a GPU here: ``jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))``
 builds the StableHLO that XLA:GPU would compile. The default forward and backward of
-``soft_topk_mask`` and ``soft_topk_mag`` must be the fused Triton kernel plus elementwise
-and reduction ops: no ``stablehlo.while`` (on XLA:GPU a loop with a data-dependent trip
+``soft_topk_mask`` and ``soft_topk_mag`` must be the fused Triton kernel and, for the
+backward, one more Triton call (the cotangent kernel), plus elementwise ops: no ``stablehlo.while`` (on XLA:GPU a loop with a data-dependent trip
 count copies its predicate to the host every iteration) and no ``stablehlo.case`` (a
 ``cond`` does so once) outside the kernel. The default picks its solver per platform
 with ``lax.platform_dependent``, which leaves ``stablehlo.case`` ops on a constant index

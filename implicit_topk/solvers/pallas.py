@@ -6,8 +6,9 @@ Pallas program per block of rows and writes the operator's output itself. Every 
 stops by a certified rule within a proven number of passes
 (``proofs/pallas_bounded_iteration.md``, Proposition 17), so there is no fallback, no
 ``lax.cond`` and no XLA-level ``while_loop`` around the kernel: on a GPU nothing waits
-for the host. The derivatives come from the implicit function theorem in one fused XLA
-pass, recomputed from ``x`` and the thresholds in the backward pass.
+for the host. The derivatives come from the implicit function theorem, one Pallas kernel
+each way (:mod:`implicit_topk.kernels.gpu.pallas_derivatives`: the tangent kernel in
+forward mode, its transpose in reverse mode), recomputed from ``x`` and the thresholds.
 """
 
 from __future__ import annotations
@@ -91,8 +92,12 @@ class PallasSolver(ThresholdRootSolver):
   implicit function theorem (Blondel et al. 2022, "Efficient and modular implicit
   differentiation", NeurIPS): for the mask, with :math:`d_i = \mathrm{mask}'(z_i)/l`,
   the gradient of :math:`\langle v, y\rangle` is
-  :math:`d \odot (v - \sum_i d_i v_i / \sum_i d_i)`, one fused XLA pass
-  (:func:`implicit_tangent`), forward and reverse mode.
+  :math:`d \odot (v - \sum_i d_i v_i / \sum_i d_i)` (:func:`implicit_tangent`), one
+  ``pallas_call`` over the same blocks of rows in reverse mode (the cotangent kernel) and
+  one in forward mode (the tangent kernel), whose bodies are the problem's own code
+  differentiated by ``jax.jvp`` and ``jax.vjp``
+  (:mod:`~implicit_topk.kernels.gpu.pallas_derivatives`; rows longer than 4096 entries:
+  the same map as XLA operations).
 
   Lowering: on CUDA and ROCm through Pallas' Triton backend (jax 0.10 and 0.11; jax
   0.11 warns that this backend is deprecated; its custom call must be named in
