@@ -115,10 +115,12 @@ def _map_kernel(problem, transpose: bool, *refs):
   (``transpose``: its transpose) on the block, store the results."""
   num_inputs = NUM_PRIMALS + (2 if transpose else 3)
   in_refs, out_refs = refs[:num_inputs], refs[num_inputs:]
-  dtype = out_refs[0].dtype
-  full = in_refs[:2]  # x, then x_dot or y_bar
-  # Operands in ScaledTangent's order: x, 6 per-row primals, then the (co)tangents.
-  ordered = [full[0], *in_refs[2:2 + NUM_PRIMALS - 1], full[1], *in_refs[1 + NUM_PRIMALS:]]
+  dtype = pallas_threshold.accumulation_dtype(out_refs[0].dtype)
+  # blocked_call's order: the full rows (x, then x_dot or y_bar), then the per-row values
+  # (lam, origin, scale, binary, k, l, then k_dot and l_dot, or lam_bar).
+  x_ref, wide_ref, *row_refs = in_refs
+  row_primals, row_tangents = row_refs[:NUM_PRIMALS - 1], row_refs[NUM_PRIMALS - 1:]
+  ordered = [x_ref, *row_primals, wide_ref, *row_tangents]  # ScaledTangent's order
   values = [ref[...].astype(dtype) for ref in ordered]
   block = ScaledTangent(problem.with_layout(pallas_threshold._BLOCK_ROWS))  # pylint: disable=protected-access
   if transpose:
