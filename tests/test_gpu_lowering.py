@@ -2,8 +2,8 @@
 
 Nothing runs on a GPU here: ``jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))``
 builds the StableHLO that XLA:GPU would compile. The default forward and backward of
-``soft_topk_mask`` and ``soft_topk_mag`` must be the fused Triton kernel plus elementwise
-and reduction ops: no ``stablehlo.while`` (on XLA:GPU a loop with a data-dependent trip
+``soft_topk_mask`` and ``soft_topk_mag`` must be the fused Triton kernel and, for the
+backward, one more Triton call (the cotangent kernel), plus elementwise ops: no ``stablehlo.while`` (on XLA:GPU a loop with a data-dependent trip
 count copies its predicate to the host every iteration) and no ``stablehlo.case`` (a
 ``cond`` does so once) outside the kernel. The default picks its solver per platform
 with ``lax.platform_dependent``, which leaves ``stablehlo.case`` ops on a constant index
@@ -85,24 +85,41 @@ def _fwd_bwd(op):
 
 MASK = lambda k: (lambda u: itk.soft_topk_mask(u, k, regularization_strength=0.5))
 MAG = lambda k: (lambda u: itk.soft_topk_mag(u, k, regularization_strength=0.5))
-CELLS = [("mask", (16384, 8), 2.0), ("mask", (16384, 64), 2.0), ("mask", (16384, 256), 8.0),
-         ("mask", (64, 1000), 10.0), ("mag", (16384, 64), 2.0), ("mag", (64, 1000), 10.0)]
+CELLS = [(name, shape, k) for name in ("mask", "mag")
+         for shape, k in (((16384, 8), 2.0), ((16384, 64), 2.0), ((16384, 256), 8.0),
+                          ((64, 1000), 10.0))]
 
 
 @pytest.mark.parametrize("name,shape,k", CELLS, ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}" for c in CELLS])
 def test_default_forward_and_backward_lower_to_the_kernel_without_host_round_trips(name, shape, k):
+  """Forward and backward: one Triton call each (the fused kernel, then the cotangent
+  kernel of ``kernels/gpu/pallas_derivatives.py``); forward mode: the fused kernel and
+  the tangent kernel."""
   op = (MASK if name == "mask" else MAG)(k)
-  # forward+backward holds the forward; the forward alone is lowered for one cell
-  checks = [(_fwd_bwd(op), "forward+backward")]
+  # forward+backward holds the forward; the forward alone, and forward mode, for one cell
+  checks = [(_fwd_bwd(op), "forward+backward", 2)]
   if shape == (16384, 64):
-    checks.append((op, "forward"))
-  for fn, what in checks:
+    checks.append((op, "forward", 1))
+    checks.append((lambda z: jax.jvp(op, (z,), (jnp.cos(z),))[1], "forward mode", 2))
+  for fn, what, calls in checks:
     text = _lower(fn, shape)
-    assert text.count(TRITON) == 1, (what, text.count(TRITON))
+    assert text.count(TRITON) == calls, (what, text.count(TRITON))
     assert "stablehlo.while" not in text, what
     assert not _data_dependent_cases(text), what
     assert "stablehlo.sort" not in text and "top_k" not in text.lower().replace("topk", ""), what
     assert set(re.findall(r'custom_call @"?([^\s("]+)', text)) == {TRITON}, what
+
+
+def test_shard_map_over_a_batch_sharded_input_lowers_to_the_kernels():
+  """The gradient inside shard_map (a batch-sharded input): the forward kernel and the
+  cotangent kernel, chosen per platform there too (no data-dependent case)."""
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  mesh = jax.make_mesh((1,), ("b",))
+  fn = jax.jit(jax.shard_map(_fwd_bwd(MASK(2.0)), mesh=mesh, in_specs=P("b"), out_specs=P("b")))
+  x = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=NamedSharding(mesh, P("b")))
+  text = fn.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count(TRITON) == 2 and "stablehlo.while" not in text
+  assert not _data_dependent_cases(text)
 
 
 def test_long_rows_lower_to_the_chunked_kernel():

@@ -32,7 +32,7 @@ import jaxpr_walk
 import implicit_topk as itk
 import references as R
 from implicit_topk import _apply
-from implicit_topk.kernels.gpu import bounded_newton, pallas_threshold
+from implicit_topk.kernels.gpu import bounded_newton, pallas_derivatives, pallas_threshold
 from implicit_topk.problems import CappedSimplex, LastAxis, Magnitude, Segments, Tree
 from implicit_topk.solvers.pallas import PallasSolver
 
@@ -255,6 +255,193 @@ def test_jvp_and_grad_equal_central_differences_of_the_reference():
   _check_gradient(_loss_gradient(*D_ARGS), fd)
 
 
+def _entrywise_central_difference(reference, x, k, l, cotangent, h=1e-6):
+  """The gradient of <cotangent, reference(x, k, l)> in x, k and l (per-row k and l),
+  one coordinate at a time, by float64 central differences."""
+  loss = lambda *a: float(np.sum(cotangent * reference(*a)))
+  grads = []
+  for which, value in enumerate((x, k, l)):
+    grad = np.zeros_like(value)
+    for index in np.ndindex(value.shape):
+      step = np.zeros_like(value)
+      step[index] = h
+      args = [x, k, l]
+      args[which] = value + step
+      upper = loss(*args)
+      args[which] = value - step
+      grad[index] = (upper - loss(*args)) / (2 * h)
+    grads.append(grad)
+  return grads
+
+
+def test_the_cotangent_kernel_equals_central_differences_entrywise():
+  """Reverse mode (the cotangent kernel) against float64 central differences of the
+  independent reference, every entry of the gradient in x, k and l: rows with ties,
+  n = 6 (padded to 8 in the kernel)."""
+  x, k, l = D_ARGS
+  assert R.mask_partition(x, k, l, margin=1e-4)[1]  # away from kinks
+  expected = _entrywise_central_difference(mask_reference, x, k, l, D_COTANGENT)
+  for got, want in zip(_loss_gradient(*D_ARGS), expected):
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-8)
+  assert np.abs(expected[0]).max() > 0.1  # fractional rows: not a vacuous zero
+
+
+def _kernel_operands(problem, x, k, l, seed=0):
+  """Primals of the derivative kernels from the forward kernel on ``(x, k, l)``, and
+  random tangents and cotangents (float64)."""
+  x, k, l = (jnp.asarray(v, jnp.float64) for v in (x, k, l))
+  _, lam, origin, _, _, _, scale, binary = pallas_threshold.fused_rows(problem, x, k, l)
+  primals = (x, lam, origin, scale, binary.astype(x.dtype), k, l)
+  rng = np.random.default_rng(seed)
+  draw = lambda like: jnp.asarray(rng.normal(size=like.shape))
+  return primals, (draw(x), draw(k), draw(l)), (draw(x), draw(lam))
+
+
+def _derivative_kernels(problem, primals, tangents, cotangents, *, interpret=True):
+  """The tangent and the cotangent kernel, and the same maps in XLA (the map and its
+  transpose by ``jax.vjp``: the path before the kernels)."""
+  tangent = pallas_derivatives.RowDerivative(problem, False, interpret=interpret)
+  cotangent = pallas_derivatives.RowDerivative(problem, True, interpret=interpret)
+  xla = pallas_derivatives.ScaledTangent(problem)
+  _, xla_transpose = jax.vjp(lambda *t: xla(*primals, *t), *tangents)
+  return (jax.jit(tangent)(*primals, *tangents), jax.jit(cotangent)(*primals, *cotangents),
+          xla(*primals, *tangents), xla_transpose(cotangents))
+
+
+def _check_adjoint_kernels(problem, x, k, l, nan_rows=()):
+  """Kernels = XLA maps (NaN where they are NaN), <v, J u> = <J^T v, u> on the other
+  rows, and for the mask, on the rows whose output is NaN, a zero ``y_dot`` (its primal
+  masks NaN by a double ``where``; the threshold's own tangent is NaN there)."""
+  primals, tangents, cotangents = _kernel_operands(problem, x, k, l)
+  outs = _derivative_kernels(problem, primals, tangents, cotangents)
+  for got, want in zip(outs[0] + outs[1], outs[2] + outs[3]):
+    got, want = np.asarray(got), np.asarray(want)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.nanmax(np.abs(want)))
+  (y_dot, lam_dot), (x_bar, k_bar, l_bar) = outs[:2]
+  rows = np.setdiff1d(np.arange(len(k)), nan_rows)
+  dot = lambda a, b: np.sum(np.asarray(a)[rows] * np.asarray(b)[rows])
+  lhs = sum(dot(a, b) for a, b in zip(cotangents, (y_dot, lam_dot)))
+  rhs = sum(dot(a, b) for a, b in zip((x_bar, k_bar, l_bar), tangents))
+  np.testing.assert_allclose(lhs, rhs, rtol=1e-12)
+  for out in (y_dot, lam_dot, x_bar, k_bar, l_bar):
+    assert np.all(np.isfinite(np.asarray(out)[rows])), out
+  assert np.abs(np.asarray(x_bar)[rows]).max() > 1e-2  # not a vacuous zero
+  if isinstance(problem, CappedSimplex):
+    assert np.all(np.asarray(y_dot)[list(nan_rows)] == 0)
+  return primals, tangents, cotangents
+
+
+# Rows of 7 (padded to 8), a batch of 5 (padded to 8): ties, a binary row (tiny strength),
+# +-inf entries, a NaN row.
+SPECIAL_X = np.array([[0.3, -1.2, 2.0, 0.3, 0.7, -0.4, 0.3],
+                      [1.0, 1.0, 1.0, 0.5, -2.0, 3.0, 0.0],
+                      [5.0, -3.0, 2.0, 0.1, -7.0, 1.0, 4.0],
+                      [np.inf, 1.0, 2.0, -np.inf, 0.0, 3.0, 0.5],
+                      [1.0, np.nan, 0.0, 2.0, 3.0, 4.0, 0.5]])
+SPECIAL_K = np.array([2.5, 2.0, 3.0, 2.5, 2.0])
+SPECIAL_L = np.array([0.5, 0.8, 1e-3, 0.5, 0.5])
+
+
+def test_the_derivative_kernels_are_adjoint_and_equal_the_xla_maps():
+  """Tangent and cotangent kernels on padded rows and batch: equal to the XLA map and
+  its JAX transpose (the path before the kernels), adjoint to each other, NaN on the NaN
+  row, zero on the NaN row, on the binary row and on rows the forward kernel marked
+  ``binary`` (set here by hand: the kernel's convention, not the data's)."""
+  problem = CappedSimplex()
+  primals, tangents, cotangents = _check_adjoint_kernels(problem, SPECIAL_X, SPECIAL_K,
+                                                         SPECIAL_L, nan_rows=[4])
+  plain = _derivative_kernels(problem, primals, tangents, cotangents)[:2]
+  marked = primals[:4] + (jnp.asarray([1.0, 0, 0, 0, 0]),) + primals[5:]
+  flagged = _derivative_kernels(problem, marked, tangents, cotangents)[:2]
+  for out, out_flagged in zip(plain[0] + plain[1], flagged[0] + flagged[1]):
+    out, out_flagged = np.asarray(out), np.asarray(out_flagged)
+    assert np.all(out[2] == 0)  # the binary row: zero derivatives
+    assert np.all(out_flagged[0] == 0) and np.any(out[0] != 0)  # the flag zeroes row 0
+    np.testing.assert_array_equal(out_flagged[1:], out[1:])  # and nothing else
+  # The public cotangent (lam_bar = 0) on the NaN row: zero, as y_dot.
+  no_lam_bar = (cotangents[0], jnp.zeros_like(cotangents[1]))
+  x_bar = np.asarray(_derivative_kernels(problem, primals, tangents, no_lam_bar)[1][0])
+  assert np.all(x_bar[4] == 0) and np.all(np.isfinite(x_bar))
+
+
+@slow
+@pytest.mark.parametrize("name", ["p=2", "p=3", "entropy", "sigmoid", "laplace", "magnitude",
+                                  "magnitude p=2"])
+def test_the_derivative_kernels_are_adjoint_sweep(name):
+  _check_adjoint_kernels(PROBLEMS[name], SPECIAL_X, SPECIAL_K, SPECIAL_L, nan_rows=[4])
+
+
+def test_special_rows_give_the_threshold_solvers_gradients():
+  """The public gradient on rows with +-inf entries, a binary row and a NaN row (zero
+  derivatives there, as before the kernels): the gradient of solver='threshold'
+  (custom_root's implicit derivative in XLA, an independent path)."""
+  w = np.cos(np.arange(SPECIAL_X.size)).reshape(SPECIAL_X.shape)
+  mask = lambda z, name: itk.soft_topk_mask(z, SPECIAL_K, regularization_strength=SPECIAL_L,
+                                            solver=name)
+  loss = lambda name: jax.grad(lambda z: jnp.sum(jnp.where(
+      jnp.isnan(mask(z, name)), 0, w * mask(z, name))))
+  got, want = loss("pallas")(SPECIAL_X), loss("threshold")(SPECIAL_X)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+  assert np.all(np.asarray(got)[[2, 4]] == 0) and np.abs(np.asarray(got)[0]).max() > 0.1
+
+
+def test_vmap_of_the_gradient_equals_one_call_per_example():
+  """vmap over the derivative kernels (their batching rule: the mapped axis becomes rows)."""
+  x = np.stack([X, X[::-1] * 2, X * 0.5 + 1])
+  grad = jax.grad(lambda z: jnp.sum(run(solver(), z, 2.5, 0.5)[0] * jnp.cos(z)))
+  batched = jax.jit(jax.vmap(grad))(x)
+  for b in range(len(x)):
+    np.testing.assert_allclose(np.asarray(batched[b]), np.asarray(grad(x[b])), rtol=1e-13,
+                               atol=1e-14)
+
+
+@slow
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float32],
+                         ids=["bfloat16", "float16", "float32"])
+def test_low_precision_gradients_equal_central_differences(dtype):
+  """bf16, f16 and f32 rows: the derivative kernels accumulate in float32, so the
+  gradient is the float64 one at the rounded rows to float32 rounding (times the
+  condition of the slopes), then rounded once to the dtype."""
+  x = D_ARGS[0].astype(dtype)
+  x64 = np.asarray(x, np.float64)
+  k, l = D_ARGS[1:]
+  grad = jax.grad(lambda z: jnp.sum(_op(z, k, l).astype(jnp.float32) * D_COTANGENT))(x)
+  assert grad.dtype == dtype
+  expected = _entrywise_central_difference(mask_reference, x64, k, l, D_COTANGENT)[0]
+  scale = np.abs(expected).max()
+  tol = float(ml_dtypes.finfo(dtype).eps) * scale + 1e3 * U32 * scale
+  np.testing.assert_allclose(np.asarray(grad, np.float64), expected, rtol=0, atol=tol)
+
+
+@slow
+def test_magnitude_gradient_equals_central_differences_entrywise():
+  x, k, l = D_ARGS[0], np.array([2.3, 2.6]), D_ARGS[2]  # integer k: a kink of the magnitude
+  op = lambda *a: run(solver(magnitude=True), *a)[0]
+  got = jax.grad(lambda *a: jnp.sum(op(*a) * D_COTANGENT), argnums=(0, 1, 2))(x, k, l)
+  ref = lambda *a: R.soft_topk_mag(*a, 4.0 / 3.0)
+  expected = _entrywise_central_difference(ref, x, k, l, D_COTANGENT)
+  for g, want in zip(got, expected):
+    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6, atol=1e-8)
+  assert np.abs(expected[0]).max() > 0.1
+
+
+@slow
+def test_second_order_through_the_derivative_kernels():
+  """Hessians (vmap of forward over reverse: the batching rule of the transposed map)
+  equal reverse over reverse and central differences of the gradient."""
+  x, k, l = D_ARGS
+  grad = jax.grad(lambda z: jnp.sum(_op(z, k, l) * D_COTANGENT))
+  hessian = np.asarray(jax.jit(jax.hessian(lambda z: jnp.sum(_op(z, k, l) * D_COTANGENT)))(x))
+  v = D_TANGENTS[0]
+  reverse = jax.grad(lambda z: jnp.vdot(grad(z), v))(x)
+  central = (np.asarray(grad(x + 1e-6 * v)) - np.asarray(grad(x - 1e-6 * v))) / 2e-6
+  hvp = np.tensordot(hessian, v, axes=2)
+  np.testing.assert_allclose(hvp, np.asarray(reverse), rtol=1e-9, atol=1e-10)
+  np.testing.assert_allclose(hvp, central, rtol=1e-5, atol=1e-6)
+  assert np.abs(hvp).max() > 1e-2
+
+
 # -- transformations, export, lowering --------------------------------------------------
 
 
@@ -311,13 +498,16 @@ def test_the_kernel_lowers_through_triton_for_cuda(name, dtype):
   assert text.count("__gpu$xla.gpu.triton") == 1 and "num_warps" in text
 
 
-def test_export_for_cuda_carries_the_triton_kernel():
+def test_export_for_cuda_carries_the_triton_kernels():
+  """The forward: one Triton call; the gradient: the forward and the cotangent kernel."""
   x = jax.ShapeDtypeStruct((8, 64), jnp.float32)
   op = lambda z: run(solver(), z, 2.0, 0.5)[0]
   _lower_for_cuda(op, x)  # skips where this jax cannot lower for CUDA without a GPU
-  exported = export.export(jax.jit(op), platforms=("cuda",),
-                           disabled_checks=itk.export_safety_checks())(x)
-  assert "__gpu$xla.gpu.triton" in exported.mlir_module()
+  grad = jax.grad(lambda z: jnp.sum(op(z) * jnp.cos(z)))
+  for fn, calls in ((op, 1), (grad, 2)):
+    exported = export.export(jax.jit(fn), platforms=("cuda",),
+                             disabled_checks=itk.export_safety_checks())(x)
+    assert exported.mlir_module().count("__gpu$xla.gpu.triton") == calls
 
 
 # -- options and errors -----------------------------------------------------------------

@@ -109,8 +109,8 @@ class PlatformSolver(ThresholdRootSolver):
   no host round trip), and a function exported for several platforms
   (``jax.export.export(..., platforms=("cpu", "cuda"))``) carries each, the case then
   being on the platform index that jax resolves before compiling. Each platform keeps
-  its solver's own derivatives (the native derivative kernels on CPU, one fused XLA
-  pass after the Pallas kernel on GPU). So lowering or exporting for CUDA on a
+  its solver's own derivatives (the native derivative kernels on CPU, the Pallas
+  derivative kernels on GPU). So lowering or exporting for CUDA on a
   CPU-only host gets the GPU kernel, not the CPU one. The solvers solve the same
   problem, so every platform returns the same thresholds (each to its own rounding).
 
@@ -160,7 +160,7 @@ class PlatformSolver(ThresholdRootSolver):
 
   def solve_and_map(self, x, k, l):
     """Each platform's ``solve_and_map`` (its kernel and its own derivatives: the
-    native derivative kernels on CPU, the fused pass of
+    native derivative kernels on CPU, the Pallas kernels of
     :func:`implicit_topk.solvers.pallas.implicit_tangent` on GPU), chosen at lowering."""
     return self._per_platform("solve_and_map", x, k, l)
 

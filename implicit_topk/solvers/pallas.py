@@ -6,8 +6,9 @@ Pallas program per block of rows and writes the operator's output itself. Every 
 stops by a certified rule within a proven number of passes
 (``proofs/pallas_bounded_iteration.md``, Proposition 17), so there is no fallback, no
 ``lax.cond`` and no XLA-level ``while_loop`` around the kernel: on a GPU nothing waits
-for the host. The derivatives come from the implicit function theorem in one fused XLA
-pass, recomputed from ``x`` and the thresholds in the backward pass.
+for the host. The derivatives come from the implicit function theorem, one Pallas kernel
+each way (:mod:`implicit_topk.kernels.gpu.pallas_derivatives`: the tangent kernel in
+forward mode, its transpose in reverse mode), recomputed from ``x`` and the thresholds.
 """
 
 from __future__ import annotations
@@ -18,60 +19,32 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from implicit_topk import _implicit
-from implicit_topk.kernels.gpu import bounded_newton, pallas_threshold
+from implicit_topk.kernels.gpu import bounded_newton, pallas_derivatives, pallas_threshold
 from implicit_topk.solvers.base import RootState, ThresholdRootSolver
 from implicit_topk.solvers.threshold import ThresholdSolver
 
 
-def implicit_tangent(problem, x, lam, origin, k, l, x_dot, k_dot, l_dot):
-  r"""``(y_dot, lam_dot)``: the derivative of the operator at the thresholds ``lam``.
-
-  With :math:`x' = ` ``problem.shift(x, origin)`` (the normalized rows; the origin is
-  held constant, as in ``problem.normalize``), the implicit function theorem on
-  :math:`\phi(\lambda; x', k, l) = 0` gives per row
-
-  .. math::
-
-      \dot\lambda = -\frac{\partial_{x'}\phi\,\dot x' + \partial_k\phi\,\dot k
-                           + \partial_l\phi\,\dot l}{\partial_\lambda\phi},\qquad
-      \dot y = \partial_\lambda y\,\dot\lambda + \partial_{x'} y\,\dot x'
-               + \partial_l y\,\dot l ,
-
-  each partial derivative by ``jax.jvp`` of the problem's own ``optimality`` and
-  ``primal``. For the mask, with :math:`z_i = (x'_i - \lambda)/l` and
-  :math:`d_i = \mathrm{mask}'(z_i)/l`, the gradient of :math:`\langle v, y\rangle` in
-  ``x`` is :math:`d \odot (v - \sum_i d_i v_i / \sum_i d_i)`. Where
-  :math:`\partial_\lambda\phi = 0` (a binary row) :math:`\dot\lambda = 0`, the
-  convention of :func:`implicit_topk._implicit.diagonal_solve`; NaN rows give NaN.
-  Linear in the tangents, so reverse mode transposes it: elementwise maps and row sums,
-  one fused XLA pass each way.
-  """
-  shift = lambda v: pallas_threshold.normalized(problem, v, origin)
-  xn, xn_dot = jax.jvp(shift, (x,), (x_dot,))
-  _, diagonal = jax.jvp(lambda t: problem.optimality(t, xn, k, l), (lam,), (jnp.ones_like(lam),))
-  _, phi_dot = jax.jvp(lambda a, b, c: problem.optimality(lam, a, b, c), (xn, k, l),
-                       (xn_dot, k_dot, l_dot))
-  lam_dot = _implicit._safe_divide(-phi_dot, diagonal)  # pylint: disable=protected-access
-  _, y_dot = jax.jvp(problem.primal, (lam, xn, l), (lam_dot, xn_dot, l_dot))
-  return y_dot, lam_dot
+#: The derivative map of the operator (kept here, its documented home before the kernels).
+implicit_tangent = pallas_derivatives.implicit_tangent
 
 
 def _fused_operator(solver):
   """``(x, k, l) -> (y, lam, origin, passes, residual, scale, binary)`` on ``(batch, n)``
   rows by one kernel call (:func:`~implicit_topk.kernels.gpu.pallas_threshold.fused_rows`),
   with the derivatives of :func:`implicit_tangent` on the rescaled rows (zero on the
-  binary rows the kernel decided exactly). The tangent map runs
-  under ``jax.checkpoint`` so that reverse mode keeps only ``x`` and the per-row values
-  and recomputes the slopes in the backward pass (no ``(batch, n)`` residual written by
-  the forward)."""
+  binary rows the kernel decided exactly) by the derivative kernels
+  (:func:`~implicit_topk.kernels.gpu.pallas_derivatives.implicit_derivative`): forward
+  mode runs the tangent kernel, reverse mode its transpose, one ``pallas_call`` that
+  reads ``x``, the per-row values and the cotangent and writes ``x``'s cotangent (no
+  ``(batch, n)`` residual written by the forward)."""
   problem = solver.problem
   kernel = functools.partial(
       pallas_threshold.fused_rows, problem, free_passes=solver.free_passes,
       interpret=solver.interpret, num_warps=solver.num_warps,
       block_elements=solver.block_elements)
-  tangent = jax.checkpoint(functools.partial(implicit_tangent, problem),
-                           policy=jax.checkpoint_policies.nothing_saveable)
+  derivative = functools.partial(
+      pallas_derivatives.implicit_derivative, problem, interpret=solver.interpret,
+      num_warps=solver.num_warps, block_elements=solver.block_elements)
 
   @jax.custom_jvp
   def operator(x, k, l):
@@ -81,15 +54,9 @@ def _fused_operator(solver):
   @operator.defjvp
   def operator_jvp(primals, tangents):
     x, k, l = primals
-    x_dot, k_dot, l_dot = tangents
     outs = operator(x, k, l)
     _, lam, origin, _, _, scale, binary = outs
-    # The kernel solved the rows times the exact power of two `scale` (a constant).
-    y_dot, lam_dot = tangent(x * scale[:, None], lam, origin, k, l * scale,
-                             x_dot * scale[:, None], k_dot, l_dot * scale)
-    # Binary rows decided exactly are locally constant (zero derivatives).
-    y_dot = jnp.where(binary[:, None] > 0, 0, y_dot)
-    lam_dot = jnp.where(binary > 0, 0, lam_dot)
+    y_dot, lam_dot = derivative((x, lam, origin, scale, binary, k, l), tuple(tangents))
     zeros = [jnp.zeros_like(out) for out in outs[2:]]
     return outs, (y_dot, lam_dot, *zeros)
 
@@ -125,8 +92,12 @@ class PallasSolver(ThresholdRootSolver):
   implicit function theorem (Blondel et al. 2022, "Efficient and modular implicit
   differentiation", NeurIPS): for the mask, with :math:`d_i = \mathrm{mask}'(z_i)/l`,
   the gradient of :math:`\langle v, y\rangle` is
-  :math:`d \odot (v - \sum_i d_i v_i / \sum_i d_i)`, one fused XLA pass
-  (:func:`implicit_tangent`), forward and reverse mode.
+  :math:`d \odot (v - \sum_i d_i v_i / \sum_i d_i)` (:func:`implicit_tangent`), one
+  ``pallas_call`` over the same blocks of rows in reverse mode (the cotangent kernel) and
+  one in forward mode (the tangent kernel), whose bodies are the problem's own code
+  differentiated by ``jax.jvp`` and ``jax.vjp``
+  (:mod:`~implicit_topk.kernels.gpu.pallas_derivatives`; rows longer than 4096 entries:
+  the same map as XLA operations).
 
   Lowering: on CUDA and ROCm through Pallas' Triton backend (jax 0.10 and 0.11; jax
   0.11 warns that this backend is deprecated; its custom call must be named in

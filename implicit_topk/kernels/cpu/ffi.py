@@ -33,8 +33,9 @@ import jax
 import jax.extend
 from jax import export
 from jax._src import dispatch
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import batching, mlir
 
+from implicit_topk.kernels import linear_map
 from implicit_topk.kernels.cpu import registry
 
 # -- the Python side ------------------------------------------------------------
@@ -51,25 +52,16 @@ def call(name: str, results: Sequence[jax.ShapeDtypeStruct], *args, **attributes
   ``shard_map`` the results vary over the mesh axes the arguments vary over.
   """
   _lower_with_devices()
-  avals = tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in results)
-  return tuple(_native_call.bind(*args, target=name, results=avals,
+  return tuple(_native_call.bind(*args, target=name, results=linear_map.shaped(results),
                                  attributes=tuple(sorted(attributes.items()))))
 
 
 def _abstract_eval(*args, target, results, attributes):
   """The results' avals, typed (inside ``shard_map``) as varying over the mesh axes the
-  most varying argument varies over: one value per shard, as the kernel computes them
-  (a cast after the call would transpose to a sum over devices)."""
+  most varying argument varies over
+  (:func:`implicit_topk.kernels.linear_map.varying_results`)."""
   del target, attributes
-  base = max(args, key=lambda a: len(_aval_axes(a)), default=None)
-  if base is None or not _aval_axes(base):
-    return results
-  return tuple(base.update(shape=r.shape, dtype=r.dtype, weak_type=False) for r in results)
-
-
-def _aval_axes(aval) -> frozenset:
-  mat = getattr(aval, "mat", None)
-  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+  return linear_map.varying_results(args, results)
 
 
 def _lowering(ctx, *operands, target, results, attributes):
@@ -147,24 +139,6 @@ def _sharding_rule(ctx, batch):
                                          types_out)
 
 
-def _batched(primitive, *avals_params):
-  """The vmap rule of ``primitive``: the mapped axis becomes a leading batch axis of
-  every operand (broadcast where an operand is not mapped) and of every result (the
-  parameters named in ``avals_params`` hold result avals and get it too)."""
-
-  def rule(args, dims, **params):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    moved = [jax.numpy.broadcast_to(a, (size,) + a.shape) if d is None
-             else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-    for name in avals_params:
-      params[name] = tuple(jax.core.ShapedArray((size,) + r.shape, r.dtype)
-                           for r in params[name])
-    outs = primitive.bind(*moved, **params)
-    return outs, [0] * len(outs)
-
-  return rule
-
-
 _native_call = jax.extend.core.Primitive("implicit_topk_native_call")
 _native_call.multiple_results = True
 _native_call.def_abstract_eval(_abstract_eval)
@@ -178,7 +152,7 @@ _kernel_call = jax.extend.core.Primitive("implicit_topk_native_kernel")
 _kernel_call.multiple_results = True
 _kernel_call.def_abstract_eval(_abstract_eval)
 mlir.register_lowering(_kernel_call, _kernel_lowering, platform="cpu")
-batching.primitive_batchers[_native_call] = _batched(_native_call, "results")
+batching.primitive_batchers[_native_call] = linear_map.batched(_native_call, "results")
 
 
 def linear_call(name: str, transpose_name: str, results, transposed, primals, tangents,
@@ -193,67 +167,20 @@ def linear_call(name: str, transpose_name: str, results, transposed, primals, ta
   Hessian-vector products) are taken on it by autodiff, so the kernels serve the
   first order and nothing is lost at higher orders. Reverse-mode differentiation
   through a ``jax.custom_jvp`` rule that calls this transposes it with the
-  ``transpose_name`` kernel (whose transpose is ``name`` again)."""
+  ``transpose_name`` kernel (whose transpose is ``name`` again): the rules of
+  :mod:`implicit_topk.kernels.linear_map`."""
   _lower_with_devices()
-  avals = lambda shapes: tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in shapes)
-  outs = _linear_call.bind(*primals, *tangents, target=name, transpose_target=transpose_name,
-                           results=avals(results), transposed=avals(transposed),
-                           attributes=tuple(sorted(attributes.items())),
-                           num_primals=len(primals), reference=reference)
-  return tuple(outs)
-
-
-class _Transposed:
-  """The transpose of a JAX linear map ``reference(*primals, *tangents)`` in its
-  tangents, as ``(*primals, *cotangents) -> cotangents of the tangents``."""
-
-  def __init__(self, reference, num_primals, tangents):
-    self.reference, self.num_primals, self.tangents = reference, num_primals, tangents
-
-  def __call__(self, *args):
-    primals, cotangents = args[:self.num_primals], args[self.num_primals:]
-    zeros = [jax.numpy.zeros(t.shape, t.dtype) for t in self.tangents]
-    _, transpose = jax.vjp(lambda *t: self.reference(*primals, *t), *zeros)
-    return tuple(transpose(tuple(cotangents)))
+  return linear_map.bind(_linear_call, name, transpose_name, results, transposed, primals,
+                         tangents, reference, attributes=tuple(sorted(attributes.items())))
 
 
 def _linear_impl(*args, target, results, attributes, **_):
   return _native_call.bind(*args, target=target, results=results, attributes=attributes)
 
 
-def _linear_transpose(cotangents, *args, target, transpose_target, results, transposed,
-                      attributes, num_primals, reference):
-  primals, tangents = args[:num_primals], args[num_primals:]
-  cotangents = [jax.numpy.zeros(r.shape, r.dtype) if type(c) is ad.Zero else c
-                for c, r in zip(cotangents, results)]
-  outs = _linear_call.bind(*primals, *cotangents, target=transpose_target,
-                           transpose_target=target, results=transposed, transposed=results,
-                           attributes=attributes, num_primals=num_primals,
-                           reference=_Transposed(reference, num_primals, transposed))
-  return [None] * num_primals + [out if ad.is_undefined_primal(t) else None
-                                 for out, t in zip(outs, tangents)]
-
-
-def _linear_jvp(primals, tangents, *, reference, **_):
-  """Derivatives of the kernels' linear map: those of its JAX reference."""
-  tangents = [jax.numpy.zeros(p.shape, p.dtype) if type(t) is ad.Zero else t
-              for p, t in zip(primals, tangents)]
-  outs, outs_dot = jax.jvp(lambda *a: tuple(reference(*a)), tuple(primals), tuple(tangents))
-  return list(outs), list(outs_dot)
-
-
-_linear_call = jax.extend.core.Primitive("implicit_topk_native_linear_call")
-_linear_call.multiple_results = True
-_linear_call.def_abstract_eval(
-    lambda *args, results, **params: _abstract_eval(*args, target=None, results=results,
-                                                    attributes=None))
-_linear_call.def_impl(lambda *args, **params: jax.jit(
-    functools.partial(_linear_call.bind, **params))(*args))
-mlir.register_lowering(_linear_call, mlir.lower_fun(_linear_impl, multiple_results=True),
-                       platform="cpu")
-batching.primitive_batchers[_linear_call] = _batched(_linear_call, "results", "transposed")
-ad.primitive_transposes[_linear_call] = _linear_transpose
-ad.primitive_jvps[_linear_call] = _linear_jvp
+_linear_call = linear_map.make_primitive(
+    "implicit_topk_native_linear_call", mlir.lower_fun(_linear_impl, multiple_results=True),
+    platform="cpu")
 
 
 _LOWERS_WITH_DEVICES: list = []

@@ -2,6 +2,8 @@
 interpret mode elsewhere), certified inside the kernel.
 
 * :mod:`~implicit_topk.kernels.gpu.pallas_threshold`: the kernel and its calls;
+* :mod:`~implicit_topk.kernels.gpu.pallas_derivatives`: its implicit derivatives, one
+  Pallas kernel each way (tangent, cotangent);
 * :mod:`~implicit_topk.kernels.gpu.bounded_newton`: the safeguarded Newton iteration with
   ordered-bit bisection that bounds its passes (``proofs/pallas_bounded_iteration.md``);
 * :mod:`~implicit_topk.kernels.gpu.pallas_long_rows`: rows read in chunks;

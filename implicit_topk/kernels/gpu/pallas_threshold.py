@@ -324,13 +324,57 @@ def _struct(shape, dtype, like):
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_elements,
-          write_output, chunk=None):
-  """One ``pallas_call`` over the padded ``(batch, n)`` array."""
+def blocked_call(kernel, full_args, row_args, full_dtypes, row_dtypes, *, full_fills,
+                 row_fills, interpret: bool, num_warps: int | None = DEFAULT_NUM_WARPS,
+                 block_elements: int | None = None, chunk: int | None = None,
+                 name: str = "implicit_topk_threshold"):
+  """One ``pallas_call`` of ``kernel`` over blocks of rows of ``(batch, n)`` arrays.
+
+  ``full_args`` are ``(batch, n)`` and ``row_args`` ``(batch,)`` arrays (any ``None``
+  among the row arguments is left out); the kernel gets their refs in that order, then
+  the refs of the outputs: one ``(batch, n)`` array per dtype of ``full_dtypes``, then
+  one ``(batch,)`` array per dtype of ``row_dtypes``. The rows are padded to
+  :func:`padded_length` with ``full_fills`` (one per full argument) and the batch to a
+  multiple of the block of rows (:func:`block_rows`; one row per program with
+  ``chunk``) with ``full_fills`` and ``row_fills``; the outputs are sliced back. Returns
+  the list of outputs."""
   pl, triton_params = _pallas()
   if not interpret:
     _filter_triton_deprecation()
-  batch, n = x.shape
+  row_pairs = [(v, fill) for v, fill in zip(row_args, row_fills) if v is not None]
+  batch, n = full_args[0].shape
+  n_pad = padded_length(n)
+  rows = 1 if chunk is not None else block_rows(batch, n_pad, interpret=interpret,
+                                                 block_elements=block_elements)
+  batch_pad = -(-batch // rows) * rows
+  fulls = [v if (n_pad, batch_pad) == (n, batch) else
+           jnp.pad(v, ((0, batch_pad - batch), (0, n_pad - n)),
+                   constant_values=jnp.asarray(fill, v.dtype))
+           for v, fill in zip(full_args, full_fills)]
+  per_row = [v if batch_pad == batch else
+             jnp.pad(v, (0, batch_pad - batch), constant_values=jnp.asarray(fill, v.dtype))
+             for v, fill in row_pairs]
+  row_spec = pl.BlockSpec(block_shape=(rows,), index_map=lambda i: (i,))
+  full_spec = pl.BlockSpec(block_shape=(rows, n_pad), index_map=lambda i: (i, 0))
+  # Under shard_map the outputs vary over the mesh axes the inputs vary over.
+  like = sum(jnp.zeros_like(v[:, 0], full_args[0].dtype) for v in fulls) + sum(
+      jnp.zeros_like(v, full_args[0].dtype) for v in per_row)
+  out_shape = ([_struct((batch_pad, n_pad), t, like) for t in full_dtypes]
+               + [_struct((batch_pad,), t, like) for t in row_dtypes])
+  outs = pl.pallas_call(
+      kernel, out_shape=tuple(out_shape), grid=(batch_pad // rows,),
+      in_specs=[full_spec] * len(fulls) + [row_spec] * len(per_row),
+      out_specs=tuple([full_spec] * len(full_dtypes) + [row_spec] * len(row_dtypes)),
+      interpret=interpret,
+      compiler_params=None if interpret else triton_params(num_warps=num_warps, num_stages=1),
+      name=name)(*fulls, *per_row)
+  return ([v[:batch, :n] for v in outs[:len(full_dtypes)]]
+          + [v[:batch] for v in outs[len(full_dtypes):]])
+
+
+def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_elements,
+          write_output, chunk=None):
+  """One ``pallas_call`` over the padded ``(batch, n)`` array (:func:`blocked_call`)."""
   dtype = accumulation_dtype(x.dtype)
   if interpret and _varying_axes(x):
     # Pallas' interpreter evaluates the kernel's jaxpr, traced without mesh axes, on
@@ -339,47 +383,45 @@ def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_el
     y, *rest = fused_block(problem, x.astype(dtype), k, l, init, free_passes=free_passes,
                            write_output=write_output)
     return (None if y is None else y.astype(x.dtype), *rest)
-  n_pad = padded_length(n)
+  n_pad = padded_length(x.shape[1])
   if chunk is None and n_pad > MAX_ROW_LENGTH:
     chunk = min(pallas_long_rows.CHUNK, n_pad)
-  if chunk is not None:  # one row per program, read in chunks
-    chunk = min(int(chunk), n_pad)
-    rows = 1
-  else:
-    rows = block_rows(batch, n_pad, interpret=interpret, block_elements=block_elements)
-  batch_pad = -(-batch // rows) * rows
-  excluded = jnp.asarray(problem.excluded_value, x.dtype)
-  if n_pad != n or batch_pad != batch:
-    x = jnp.pad(x, ((0, batch_pad - batch), (0, n_pad - n)), constant_values=excluded)
-  # Padded rows: every entry excluded and k = 0, a row answered by the bracket.
-  pad_rows = lambda v, fill: jnp.pad(v, (0, batch_pad - batch), constant_values=fill)
-  args = [x, pad_rows(k, 0), pad_rows(l, 1)]
-  if init is not None:
-    args.append(pad_rows(init, 0))
-  row_spec = pl.BlockSpec(block_shape=(rows,), index_map=lambda i: (i,))
-  full_spec = pl.BlockSpec(block_shape=(rows, n_pad), index_map=lambda i: (i, 0))
-  in_specs = [full_spec] + [row_spec] * (len(args) - 1)
-  # Under shard_map the outputs vary over the mesh axes the inputs vary over.
-  like = sum(jnp.zeros_like(v, dtype) if v.ndim == 1 else jnp.zeros_like(v[:, 0], dtype)
-             for v in args)
-  # lam, origin, passes, certified, residual, scale, binary
-  per_row = [_struct((batch_pad,), t, like)
-             for t in (dtype, dtype, jnp.int32, jnp.int32, dtype, dtype, jnp.int32)]
-  out_shape = ([_struct((batch_pad, n_pad), x.dtype, like)] if write_output else []) + per_row
-  out_specs = ([full_spec] if write_output else []) + [row_spec] * len(per_row)
   if chunk is None:
     kernel = functools.partial(_kernel, problem, free_passes, init is not None, write_output)
-  else:
+  else:  # one row per program, read in chunks
+    chunk = min(int(chunk), n_pad)
     kernel = functools.partial(_long_kernel, problem, free_passes, init is not None,
                                write_output, chunk, n_pad // chunk)
-  outs = pl.pallas_call(
-      kernel, out_shape=tuple(out_shape), grid=(batch_pad // rows,), in_specs=in_specs,
-      out_specs=tuple(out_specs), interpret=interpret,
-      compiler_params=None if interpret else triton_params(num_warps=num_warps, num_stages=1),
-      name="implicit_topk_threshold")(*args)
-  y = outs[0][:batch, :n] if write_output else None
-  lam, origin, iter_num, certified, residual, scale, binary = (v[:batch] for v in outs[-7:])
+  # Padded rows: every entry excluded and k = 0, a row answered by the bracket.
+  # lam, origin, passes, certified, residual, scale, binary
+  per_row = (dtype, dtype, jnp.int32, jnp.int32, dtype, dtype, jnp.int32)
+  outs = blocked_call(
+      kernel, [x], [k, l, init], [x.dtype] if write_output else [], per_row,
+      full_fills=[problem.excluded_value], row_fills=[0, 1, 0], interpret=interpret,
+      num_warps=num_warps, block_elements=block_elements, chunk=chunk)
+  y = outs[0] if write_output else None
+  lam, origin, iter_num, certified, residual, scale, binary = outs[-7:]
   return y, lam, origin, iter_num, certified != 0, residual, scale, binary != 0
+
+
+def per_platform(call, args, interpret: bool | None):
+  """``call(*args, interpret=...)``: with ``interpret=None`` the compiled (Triton) kernel
+  where lowered for CUDA or ROCm and interpret mode on every other platform, chosen per
+  platform at lowering (a function exported for several platforms gets each);
+  ``True``/``False`` force it. ``args`` is a tuple of arrays, ``args[0]`` the rows."""
+  if interpret is not None:
+    return call(*args, interpret=interpret)
+  if _varying_axes(args[0]):  # inside shard_map: interpret mode traces the block function
+    # Every branch's outputs vary over x's mesh axes (cond needs equal types; the
+    # interpreted block leaves the per-row outputs that do not read x unvarying).
+    varying = lambda interpret: lambda *a: _vary_like(call(*a, interpret=interpret), args[0])
+    return jax.lax.platform_dependent(
+        *args, cuda=varying(False), rocm=varying(False), default=varying(True))
+  # Each branch lowered for its own platforms only (a function exported for CPU and CUDA
+  # gets the interpreted kernel on one and Triton on the other).
+  compiled = functools.partial(call, interpret=False)
+  return platform_select.platform_select(
+      args, {"cuda": compiled, "rocm": compiled}, functools.partial(call, interpret=True))
 
 
 def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
@@ -436,22 +478,10 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
   dtype = accumulation_dtype(x.dtype)
   k, l = jnp.asarray(k, dtype), jnp.asarray(l, dtype)
   init = None if init is None else jnp.asarray(init, dtype)
-  if interpret is not None:
-    return call(x, k, l, init, interpret=interpret)
-  if _varying_axes(x):  # inside shard_map: interpret mode traces the block function
-    # Every branch's outputs vary over x's mesh axes (cond needs equal types; the
-    # interpreted block leaves the per-row outputs that do not read x unvarying).
-    varying = lambda interpret: lambda *a: _vary_like(call(*a, interpret=interpret), x)
-    return jax.lax.platform_dependent(
-        x, k, l, init, cuda=varying(False), rocm=varying(False), default=varying(True))
-  # Each branch lowered for its own platforms only (a function exported for CPU and CUDA
-  # gets the interpreted kernel on one and Triton on the other).
   args = (x, k, l) if init is None else (x, k, l, init)
-  unpack = lambda fn: lambda x_, k_, l_, *i: fn(x_, k_, l_, i[0] if i else None)
-  return platform_select.platform_select(
-      args, {"cuda": unpack(functools.partial(call, interpret=False)),
-             "rocm": unpack(functools.partial(call, interpret=False))},
-      unpack(functools.partial(call, interpret=True)))
+  run = lambda x_, k_, l_, *i, interpret: call(x_, k_, l_, i[0] if i else None,
+                                               interpret=interpret)
+  return per_platform(run, args, interpret)
 
 
 def threshold_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
