@@ -121,8 +121,8 @@ def _kernels_to_warm(config):
   from implicit_topk.kernels.cpu import registry
   if not registry.available():
     return ()
-  selection = config.getoption("markexpr", "") or ""
-  every = "slow" in selection and "not slow" not in selection
+  selection = " ".join((config.getoption("markexpr", "") or "").split())
+  every = "slow" in selection and selection != "not slow"  # `-m slow`, `-m "slow or not slow"`
   names = registry.all_targets()
   if not every:
     names = tuple(n for n in names if n.startswith(
