@@ -7,7 +7,9 @@ fresh random examples on each run, to hunt for new failures.
 """
 
 import gc
+import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -133,6 +135,51 @@ def pytest_collection_modifyitems(config, items):
     if (item.nodeid.startswith("tests/test_api_") and isinstance(name, str)
         and name not in _API_REPRESENTATIVES):
       item.add_marker(pytest.mark.slow)
+  if os.environ.get("IMPLICIT_TOPK_TEST_SWEEPS") == "sampled":
+    dropped = sampled_sweeps_dropped(items)
+    if dropped:
+      items[:] = [item for item in items if id(item) not in {id(d) for d in dropped}]
+      config.hook.pytest_deselected(items=dropped)
+
+
+# CI (.ci/run, IMPLICIT_TOPK_TEST_SWEEPS=sampled) runs every test of the default run and
+# every test function of the slow group, but of each slow parametrized sweep of
+# SWEEP_MIN_CASES cases or more only a third of the cases: those first by a hash of their
+# id, plus as many as needed for every value of every parameter to keep a case (each
+# solver, dtype, p, ... is still run). The choice is fixed (the same cases on every run
+# and worker). `python -m pytest -q -m slow` runs every case. Not sampled: the proof
+# scripts and the docstring examples (each case is a different proposition or page).
+SWEEP_MIN_CASES = 4
+_NOT_SAMPLED = ("tests/test_proofs.py::", "tests/test_docs.py::")
+
+
+def _stable_value(value):
+  """A text for a parameter's value that is the same in every process (no addresses)."""
+  return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def sampled_sweeps_dropped(items):
+  """The slow parametrized cases that a sampled run leaves out (see above)."""
+  sweeps = {}
+  for item in items:
+    callspec = getattr(item, "callspec", None)
+    if (callspec is not None and item.get_closest_marker("slow") is not None
+        and not item.nodeid.startswith(_NOT_SAMPLED)):
+      sweeps.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
+  dropped = []
+  for cases in sweeps.values():
+    if len(cases) < SWEEP_MIN_CASES:
+      continue
+    ranked = sorted(cases, key=lambda item: hashlib.sha256(item.nodeid.encode()).hexdigest())
+    values = lambda item: {(k, _stable_value(v)) for k, v in item.callspec.params.items()}
+    kept = ranked[:-(-len(cases) // 3)]
+    covered = set().union(*map(values, kept))
+    for item in ranked[len(kept):]:
+      if values(item) <= covered:
+        dropped.append(item)
+      else:
+        covered |= values(item)
+  return dropped
 
 
 # numba compiles each CPU kernel on its first use (cache=True: machine code on disk, beside
