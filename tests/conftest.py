@@ -144,12 +144,12 @@ def pytest_collection_modifyitems(config, items):
 
 # CI (.ci/run, IMPLICIT_TOPK_TEST_SWEEPS=sampled) runs every test of the default run and
 # every test function of the slow group, but of each slow parametrized sweep of
-# SWEEP_MIN_CASES cases or more only a third of the cases: those first by a hash of their
+# SWEEP_MIN_CASES cases or more only a quarter of the cases: those first by a hash of their
 # id, plus as many as needed for every value of every parameter to keep a case (each
 # solver, dtype, p, ... is still run). The choice is fixed (the same cases on every run
 # and worker). `python -m pytest -q -m slow` runs every case. Not sampled: the proof
 # scripts and the docstring examples (each case is a different proposition or page).
-SWEEP_MIN_CASES = 4
+SWEEP_MIN_CASES = 3
 _NOT_SAMPLED = ("tests/test_proofs.py::", "tests/test_docs.py::")
 
 
@@ -172,7 +172,7 @@ def sampled_sweeps_dropped(items):
       continue
     ranked = sorted(cases, key=lambda item: hashlib.sha256(item.nodeid.encode()).hexdigest())
     values = lambda item: {(k, _stable_value(v)) for k, v in item.callspec.params.items()}
-    kept = ranked[:-(-len(cases) // 3)]
+    kept = ranked[:-(-len(cases) // 4)]
     covered = set().union(*map(values, kept))
     for item in ranked[len(kept):]:
       if values(item) <= covered:
