@@ -124,7 +124,8 @@ def _with_globals(function, **names):
 
   Used to share :func:`native_threshold._newton` (the safeguarded Newton/Schroeder
   iteration, its bisection and stopping rules) with this kernel's :math:`F` in place
-  of the mask's ``_phi``, without copying it (``_phi`` is the only piece that differs;
+  of the mask's ``_phi`` (in ``_newton_iteration``, which ``_newton`` calls), without
+  copying it (``_phi`` is the only piece that differs;
   its signature ``(values, count, lam, l, target, kind, a)`` fits this problem). Not
   cached on its own (its cache entry would share the original's name): the handlers
   that call it are, and they carry its code.
@@ -140,7 +141,8 @@ def _with_globals(function, **names):
   return njit(**options)(clone)
 
 
-_newton = _with_globals(_nt._newton, _phi=_magnitude_phi)
+_newton_iteration = _with_globals(_nt._newton_iteration, _phi=_magnitude_phi)
+_newton = _with_globals(_nt._newton, _newton_iteration=_newton_iteration)
 
 
 @njit(inline="always", **_OPTIONS)

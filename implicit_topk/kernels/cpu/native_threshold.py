@@ -354,7 +354,22 @@ def _newton(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step=np.na
   ``tol`` is the relative step tolerance (4 ulps of the output dtype). Returns
   (lam, passes). ``prev_step`` and ``first`` resume an iteration at its pass ``first``
   (:mod:`~implicit_topk.kernels.cpu.native_lanes` hands over its slowest rows so);
-  a fresh one starts at pass 0 with the last step taken as twice the bracket."""
+  a fresh one starts at pass 0 with the last step taken as twice the bracket.
+
+  The scalars are passed on as float64 and int64 (the iteration computes in float64
+  anyway), so that numba compiles the iteration once per dtype of ``values`` rather
+  than once per call site's argument types (a constant ``kind``, float32 strengths and
+  targets, omitted arguments: nine copies of the iteration in one forward kernel, a
+  third of its build time)."""
+  return _newton_iteration(values, np.int64(count), np.float64(target), np.float64(l),
+                           np.int64(kind), np.float64(a), np.float64(lo), np.float64(hi),
+                           np.float64(lam), np.float64(tol), np.float64(prev_step),
+                           np.int64(first))
+
+
+@njit(**_OPTIONS)
+def _newton_iteration(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step, first):
+  """:func:`_newton` with every scalar float64 or int64."""
   if prev_step != prev_step:
     prev_step = 2.0 * (hi - lo)
   phi_tol = math.sqrt(tol) * (target + 1.0)
@@ -824,7 +839,16 @@ def _write_mask(row, n, lam, l, kind, a, origin, finite, out):
   """out[i] = the mask of row[i] - origin at threshold lam; returns the sum of out as
   stored. Finite rows and thresholds (nearly all) take the vectorized
   :func:`_write_finite_mask`; other rows the entry-by-entry rules of
-  :func:`_mask_value`."""
+  :func:`_mask_value`. The scalars go on as float64, int64 and bool (every use of
+  ``l`` meets a float64 first: the same values), so that numba compiles one copy per
+  dtype of the row, not one per call site's constants."""
+  return _write_mask_of(row, n, np.float64(lam), np.float64(l), np.int64(kind), np.float64(a),
+                        np.float64(origin), finite == True, out)  # noqa: E712 (a plain bool)
+
+
+@njit(**_OPTIONS)
+def _write_mask_of(row, n, lam, l, kind, a, origin, finite, out):
+  """:func:`_write_mask` with its scalars float64, int64 and bool."""
   if abs(lam) < np.inf and finite:
     return _write_finite_mask(row, n, lam, l, kind, a, origin, out)
   total = 0.0
@@ -1101,14 +1125,36 @@ def _solve_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out
   if not wide:
     return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
                         _all_finite(row, n))
-  if plain and _all_below(row, n):  # E_lo <= 0 <= E_hi: E = 0
-    return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
-                        True)
-  e, finite = scale_exponent(row, n, lb)
-  if e == 0:  # a non-finite entry, or both ends at once
-    return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
-                        finite)
-  return _scaled_row(row, n, kb, lb, e, kind, a, tol, root_eps, work, scratch, out)
+  return _float64_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out, plain)
+
+
+def _float64_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out, plain):
+  """:func:`_solve_row`'s end for a float64 row: :func:`_general_row`, on the row
+  rescaled by :func:`_scaled_row` where its scale exponent is not 0. In numba an
+  overload chosen by the row's dtype, so that the float32 kernels (whose rows never
+  need the rescaling) compile none of it: a branch on a compile-time constant would
+  still be typed, and each function it calls compiled once more."""
+  raise NotImplementedError("numba only")
+
+
+@overload(_float64_row)
+def _float64_row_for(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out, plain):
+  if row.dtype != types.float64:
+    return lambda row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out, plain: (
+        np.nan, 0, 0.0, np.nan)  # never called: _solve_row takes float32 rows before
+
+  def float64_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out, plain):
+    if plain:
+      below = _all_below(row, n)
+      if below:  # E_lo <= 0 <= E_hi: E = 0
+        return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
+                            below)
+    e, finite = scale_exponent(row, n, lb)
+    if e == 0:  # a non-finite entry, or both ends at once
+      return _general_row(row, n, kb, lb, kind, a, tol, root_eps, work, scratch, guess, out,
+                          finite)
+    return _scaled_row(row, n, kb, lb, e, kind, a, tol, root_eps, work, scratch, out)
+  return float64_row
 
 
 @njit(**_OPTIONS)
