@@ -31,31 +31,24 @@ jax.config.update("jax_enable_x64", True)
 # the controller checks once in a subprocess (an unknown XLA flag aborts the process).
 # The package itself sets no flag: users' programs compile as XLA chooses.
 # IMPLICIT_TOPK_TEST_XLA_FLAGS=default keeps XLA's own settings.
-_FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
+_FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
-def _xla_takes(flags):
-  """Whether a JAX process with ``flags`` added to XLA_FLAGS starts its CPU backend."""
-  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip(),
-             JAX_PLATFORMS="cpu")
-  probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
-                         capture_output=True, timeout=300)
-  return probe.returncode == 0
-
-
-def _add_fast_compile_flags():
+def _add_fast_compile_flag():
   if os.environ.get("IMPLICIT_TOPK_TEST_XLA_FLAGS") in ("default", "checked"):
     return  # opted out, or a test worker: the controller decided
   os.environ["IMPLICIT_TOPK_TEST_XLA_FLAGS"] = "checked"
-  flags = os.environ.get("XLA_FLAGS", "").split()
-  taken = [flag for flag in _FAST_COMPILE_FLAGS if flag.split("=")[0] not in
-           {f.split("=")[0] for f in flags}]
-  if taken and not _xla_takes(" ".join(taken)):
-    taken = [flag for flag in taken if _xla_takes(flag)]
-  os.environ["XLA_FLAGS"] = " ".join(flags + taken)
+  flags = os.environ.get("XLA_FLAGS", "")
+  if _FAST_COMPILE_FLAG.split("=")[0] in flags:
+    return  # set by the caller: kept as it is
+  env = dict(os.environ, XLA_FLAGS=f"{flags} {_FAST_COMPILE_FLAG}".strip(), JAX_PLATFORMS="cpu")
+  probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                         capture_output=True, timeout=300)
+  if probe.returncode == 0:
+    os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
 
 
-_add_fast_compile_flags()
+_add_fast_compile_flag()
 
 # JAX's persistent compilation cache, shared by the test workers and by later runs (the
 # slow group after the default run, in CI): a program that two workers compile, or that

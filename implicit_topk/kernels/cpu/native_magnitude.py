@@ -125,8 +125,8 @@ def _with_globals(function, **names):
   Used to share :func:`native_threshold._newton` (the safeguarded Newton/Schroeder
   iteration, its bisection and stopping rules) with this kernel's :math:`F` in place
   of the mask's ``_phi`` (in ``_newton_iteration``, which ``_newton`` calls), without
-  copying it (``_phi`` is the only piece that differs;
-  its signature ``(values, count, lam, l, target, kind, a)`` fits this problem). Not
+  copying it (``_phi`` is the only piece that differs; its signature ``(values, count,
+  lam, l, target, kind, a)`` fits this problem). Not
   cached on its own (its cache entry would share the original's name): the handlers
   that call it are, and they carry its code.
   """
