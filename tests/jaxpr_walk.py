@@ -1,10 +1,14 @@
 """The primitives a jaxpr runs, every nested program included: the sub-jaxprs of loops,
 conditionals, custom rules and calls (``ClosedJaxpr`` and wrappers peeled), and the
 lowering of JAX's "hijax" primitives (``call_hi_primitive``, whose program is its
-``_prim.expand``, traced here: jax 0.11 hides sorts and Pallas calls inside them). Tests
+``_prim.expand``, traced here: jax 0.11 hides sorts and Pallas calls inside them), and
+the branches of ``implicit_topk``'s per-platform selection (traced only when lowered:
+traced here at the equation's operand types). Tests
 that prove a program never sorts, or that it runs a kernel, read them through this."""
 
 import jax
+
+from implicit_topk.kernels.gpu import platform_select
 
 
 def primitive_names(jaxpr) -> set:
@@ -18,6 +22,8 @@ def primitive_names(jaxpr) -> set:
 
 
 def _nested_programs(eqn):
+  if eqn.primitive is platform_select.platform_select_p:
+    yield from platform_select.branch_jaxprs(eqn).values()
   for value in eqn.params.values():
     for item in value if isinstance(value, (list, tuple)) else [value]:
       inner = item

@@ -152,8 +152,13 @@ class RowDerivative:
     x = args[0]
     lead, n = x.shape[:-1], x.shape[-1]
     flat = tuple(a.reshape(-1, n) if a.ndim == x.ndim else a.reshape(-1) for a in args)
-    outs = pallas_threshold.per_platform(self._call, flat, self.interpret)
+    outs = pallas_threshold.per_platform(self._call, flat, self.interpret, like=self._like)
     return tuple(out.reshape(lead + out.shape[1:]) for out in outs)
+
+  def _like(self, *args):
+    """Zeros of the types :meth:`_call` returns: one per operand it differentiates."""
+    like = (args[0], args[5], args[6]) if self.transpose else (args[0], args[1])
+    return tuple(jnp.zeros_like(v) for v in like)
 
   def _call(self, *args, interpret: bool):
     x = args[0]

@@ -404,11 +404,13 @@ def _call(problem, x, k, l, init, *, free_passes, interpret, num_warps, block_el
   return y, lam, origin, iter_num, certified != 0, residual, scale, binary != 0
 
 
-def per_platform(call, args, interpret: bool | None):
+def per_platform(call, args, interpret: bool | None, like=None):
   """``call(*args, interpret=...)``: with ``interpret=None`` the compiled (Triton) kernel
   where lowered for CUDA or ROCm and interpret mode on every other platform, chosen per
   platform at lowering (a function exported for several platforms gets each);
-  ``True``/``False`` force it. ``args`` is a tuple of arrays, ``args[0]`` the rows."""
+  ``True``/``False`` force it. ``args`` is a tuple of arrays, ``args[0]`` the rows.
+  ``like(*args)``: arrays of the output types by cheap operations, so that neither
+  kernel is traced before it is lowered (:func:`platform_select.platform_select`)."""
   if interpret is not None:
     return call(*args, interpret=interpret)
   if _varying_axes(args[0]):  # inside shard_map: interpret mode traces the block function
@@ -421,7 +423,8 @@ def per_platform(call, args, interpret: bool | None):
   # gets the interpreted kernel on one and Triton on the other).
   compiled = functools.partial(call, interpret=False)
   return platform_select.platform_select(
-      args, {"cuda": compiled, "rocm": compiled}, functools.partial(call, interpret=True))
+      args, {"cuda": compiled, "rocm": compiled}, functools.partial(call, interpret=True),
+      like=like)
 
 
 def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
@@ -481,7 +484,17 @@ def fused_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton
   args = (x, k, l) if init is None else (x, k, l, init)
   run = lambda x_, k_, l_, *i, interpret: call(x_, k_, l_, i[0] if i else None,
                                                interpret=interpret)
-  return per_platform(run, args, interpret)
+  return per_platform(run, args, interpret, like=functools.partial(
+      _fused_outputs_like, write_output=write_output))
+
+
+def _fused_outputs_like(x, k, *_, write_output: bool):
+  """Zeros of the types :func:`fused_rows`' kernel call returns (its ``like``)."""
+  row = jnp.zeros_like(k)
+  count = jnp.zeros(k.shape, jnp.int32)
+  flag = jnp.zeros(k.shape, bool)
+  y = jnp.zeros_like(x) if write_output else None
+  return y, row, row, count, flag, row, row, flag
 
 
 def threshold_rows(problem, x, k, l, init=None, *, free_passes: int = bounded_newton.FREE_PASSES,
