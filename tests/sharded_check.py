@@ -310,10 +310,14 @@ def main(groups):
                        group_partitioning(mesh),
                        group_shard_map(mesh, shapes=((4, 64),), names=("mask",), full=False),
                        group_errors(mesh)),
-      # every operator, both shapes: one group per dtype (two subprocesses of about 4
-      # minutes each, side by side on two test workers instead of one of 8 minutes)
-      "jit_float32": lambda: group_jit(mesh, dtypes=(jnp.float32,), jvp=True, dense=True),
-      "jit_float64": lambda: group_jit(mesh, dtypes=(jnp.float64,), jvp=True, dense=True),
+      # every operator in both dtypes and at both shapes: the long rows (1024 entries per
+      # device) in float32, the short ones (8 per device) in float64; one group each (two
+      # subprocesses side by side on two test workers). "jit_threshold" runs the long
+      # rows in both dtypes, "fast" the operators at both.
+      "jit_float32": lambda: group_jit(mesh, shapes=((4, 8192),), dtypes=(jnp.float32,),
+                                       jvp=True, dense=True),
+      "jit_float64": lambda: group_jit(mesh, shapes=((4, 64),), dtypes=(jnp.float64,),
+                                       jvp=True, dense=True),
       "jit_native": lambda: group_jit(mesh, jvp=True, dense=True, label="auto native",
                                       options=dict(solver="native")),
       "jit_threshold": lambda: group_jit(mesh, shapes=((4, 8192),), label="auto threshold",
