@@ -127,8 +127,52 @@ _API_REPRESENTATIVES = frozenset({"soft_topk_mask", "grad_topk", "soft_sort",
                                   "topk_fenchel_young_loss"})
 
 
+# The default run (README's test command, meant to take five minutes on 2 cores) checks
+# every public operator's contract on the default solvers: each test function of the
+# modules below once, at its first parametrized case. The other cases, and the modules
+# that check one implementation in depth (the CPU kernels' internals and their sharded
+# forms, the Pallas kernels in interpret mode and their CUDA lowering, export and
+# start-up, the support budget's kernels, fuzzing and float-range sweeps), run in the
+# slow group. CI runs both, every one of these cases (they are not sampled: see
+# sampled_sweeps_dropped).
+_IN_DEPTH_MODULES = tuple(f"tests/{name}.py::" for name in (
+    "test_native_solver", "test_native_first_row", "test_native_lanes",
+    "test_native_magnitude", "test_native_partitioning", "test_kernel_threads",
+    "test_pallas_solver", "test_gpu_lowering", "test_startup_and_export",
+    "test_support_budget", "test_segment_support_budget", "test_explicit_mesh",
+    "test_near_binary_and_where", "test_extremes_float_range", "test_fuzz",
+    "test_sort_scaling"))
+# and these, the default run's longest (finite differences of every entry, Jacobians of
+# every transformation, export), whose subjects its other tests check more cheaply
+_DEFAULT_RUN_LEAVES = (
+    "tests/test_permutahedron_solvers.py::test_gradients_match_finite_differences",
+    "tests/test_transforms.py::test_jacobians_agree",
+    "tests/test_transforms.py::test_grad_matches_finite_differences",
+    "tests/test_transforms.py::JitMatchesEagerTest::",
+    "tests/test_permutahedron_solvers.py::test_default_call_exports",
+)
+_LEFT_TO_THE_SLOW_GROUP = pytest.StashKey[bool]()
+
+
+def default_run_trimmed(items):
+  """The tests of the default run's modules that it leaves to the slow group (above):
+  of a parametrized test, every case but the first with ``solver="auto"`` (the default),
+  or but the first where none has it."""
+  cases_of, trimmed = {}, []
+  for item in items:
+    if item.get_closest_marker("slow") is not None:
+      continue
+    if item.nodeid.startswith(_IN_DEPTH_MODULES + _DEFAULT_RUN_LEAVES):
+      trimmed.append(item)
+    elif getattr(item, "callspec", None) is not None:
+      cases_of.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
+  for cases in cases_of.values():
+    kept = next((c for c in cases if c.callspec.params.get("solver") == "auto"), cases[0])
+    trimmed += [case for case in cases if case is not kept]
+  return trimmed
+
+
 def pytest_collection_modifyitems(config, items):
-  import pytest
   for item in items:
     uses_pav = "pav" in item.nodeid.replace("pav_jax", "")
     if uses_pav or item.nodeid.startswith(_USES_PAV):
@@ -138,6 +182,9 @@ def pytest_collection_modifyitems(config, items):
     if (item.nodeid.startswith("tests/test_api_") and isinstance(name, str)
         and name not in _API_REPRESENTATIVES):
       item.add_marker(pytest.mark.slow)
+  for item in default_run_trimmed(items):
+    item.add_marker(pytest.mark.slow)
+    item.stash[_LEFT_TO_THE_SLOW_GROUP] = True
   if os.environ.get("IMPLICIT_TOPK_TEST_SWEEPS") == "sampled":
     dropped = sampled_sweeps_dropped(items)
     if dropped:
@@ -145,7 +192,8 @@ def pytest_collection_modifyitems(config, items):
       config.hook.pytest_deselected(items=dropped)
 
 
-# CI (.ci/run, IMPLICIT_TOPK_TEST_SWEEPS=sampled) runs every test of the default run and
+# CI (.ci/run, IMPLICIT_TOPK_TEST_SWEEPS=sampled) runs every test of the default run,
+# every test that the default run leaves to the slow group (default_run_trimmed) and
 # every test function of the slow group, but of each slow parametrized sweep of
 # SWEEP_MIN_CASES cases or more only a quarter of the cases: those first by a hash of their
 # id, plus as many as needed for every value of every parameter to keep a case (each
@@ -168,7 +216,8 @@ def sampled_sweeps_dropped(items):
   for item in items:
     callspec = getattr(item, "callspec", None)
     if (callspec is not None and item.get_closest_marker("slow") is not None
-        and not item.nodeid.startswith(_NOT_SAMPLED)):
+        and not item.nodeid.startswith(_NOT_SAMPLED)
+        and not item.stash.get(_LEFT_TO_THE_SLOW_GROUP, False)):
       sweeps.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
   dropped = []
   for cases in sweeps.values():
@@ -192,7 +241,7 @@ def sampled_sweeps_dropped(items):
 # builds them first, once, in parallel processes (the default run: the default solver's
 # kernels; `-m slow`: every kernel), so that the workers load them from disk.
 # IMPLICIT_TOPK_TEST_WARM_KERNELS=off skips it.
-_DEFAULT_RUN_FAMILIES = ("capped_simplex", "magnitude", "budget")
+_DEFAULT_RUN_FAMILIES = ("capped_simplex", "magnitude")
 
 
 def _kernels_to_warm(config):
