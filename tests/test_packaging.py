@@ -86,3 +86,32 @@ def test_extras(pyproject):
              for r in extras["peers"])
   urls = pyproject["project"]["urls"]
   assert {"Homepage", "Source", "Issues", "Changelog"} <= set(urls)
+
+
+_GROUPED_TESTS = '''
+import os
+import pytest
+
+@pytest.mark.xdist_group("together")
+@pytest.mark.parametrize("case", range(8))
+def test_case(case):
+  with open(os.path.join(os.path.dirname(__file__), f"worker_{case}.txt"), "w") as f:
+    f.write(os.environ["PYTEST_XDIST_WORKER"])
+'''
+
+
+@pytest.mark.slow  # two pytest-xdist workers in a subprocess: a few seconds
+def test_xdist_groups_run_on_one_worker(tmp_path):
+  """The suite's `xdist_group` marks (pyproject.toml: `--dist loadgroup`) keep a group on
+  one worker: tests that share a module fixture or compiled functions run them once.
+  Caught pytest 9.2 with pytest-xdist 3.8, which ran such groups on every worker."""
+  import subprocess
+  (tmp_path / "test_grouped.py").write_text(_GROUPED_TESTS)
+  (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the project's options
+  proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"),
+       "--rootdir", str(tmp_path), "-n", "2", "--dist", "loadgroup", str(tmp_path / "test_grouped.py")],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  workers = {(tmp_path / f"worker_{case}.txt").read_text() for case in range(8)}
+  assert len(workers) == 1, f"one xdist_group ran on the workers {sorted(workers)}"
