@@ -241,7 +241,10 @@ def sampled_sweeps_dropped(items):
 # builds them first, once, in parallel processes (the default run: the default solver's
 # kernels; `-m slow`: every kernel), so that the workers load them from disk.
 # IMPLICIT_TOPK_TEST_WARM_KERNELS=off skips it.
-_DEFAULT_RUN_FAMILIES = ("capped_simplex", "magnitude")
+# The default run calls the forward kernels of the mask and the magnitude operator and the
+# mask's cotangent kernels (reverse mode); forward mode's tangent kernels are built by
+# the few tests that call them, on first use.
+_DEFAULT_RUN_KERNELS = ("capped_simplex_float", "capped_simplex_cotangent_", "magnitude_float")
 
 
 def _kernels_to_warm(config):
@@ -253,8 +256,57 @@ def _kernels_to_warm(config):
   names = registry.all_targets()
   if not every:
     names = tuple(n for n in names if n.startswith(
-        tuple(registry.PREFIX + f for f in _DEFAULT_RUN_FAMILIES)))
+        tuple(registry.PREFIX + f for f in _DEFAULT_RUN_KERNELS)))
   return names
+
+
+_BUILD_SCRIPT = """
+import sys
+from implicit_topk.kernels.cpu import registry
+for line in sys.stdin:
+  registry.register([line.strip()])
+  print(line.strip(), flush=True)
+"""
+
+
+def build_in_processes(names, processes):
+  """Builds the CPU kernels ``names`` in ``processes`` processes, each taking the next
+  name as it finishes one (so that no process is left with the long ones: a static
+  split of the default run's kernels left one process 70 s more than the other).
+  Returns the last lines of the error output of the processes that failed."""
+  import select
+  import tempfile
+  pending = list(names)
+  logs = [tempfile.TemporaryFile("w+") for _ in range(processes)]
+  running = [subprocess.Popen([sys.executable, "-c", _BUILD_SCRIPT], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=log, text=True) for log in logs]
+
+  def hand_next(process):
+    try:
+      if pending:
+        process.stdin.write(pending.pop(0) + "\n")
+        process.stdin.flush()
+      else:
+        process.stdin.close()
+    except BrokenPipeError:  # it failed: its error output says why
+      pass
+
+  for process in running:
+    hand_next(process)
+  waiting = {process.stdout: process for process in running}
+  while waiting:
+    for out in select.select(list(waiting), [], [])[0]:
+      if out.readline():  # it built one
+        hand_next(waiting[out])
+      else:  # it exited
+        del waiting[out]
+  failures = []
+  for process, log in zip(running, logs):
+    if process.wait() != 0:
+      log.seek(0)
+      failures.append(log.read()[-2000:])
+    log.close()
+  return failures
 
 
 def pytest_sessionstart(session):
@@ -270,17 +322,12 @@ def pytest_sessionstart(session):
   from implicit_topk.kernels.cpu import cache_stamp
   cache_stamp.refresh()
   processes = max(1, min(os.cpu_count() or 1, len(names)))
-  # the forward kernels cost most (20-30 s each on a cold cache): spread them first, the
-  # derivative kernels (families capped_simplex_tangent_*, capped_simplex_cotangent_*) last
+  # the forward kernels cost most (20-60 s each on a cold cache, a second from numba's
+  # cache): first, the derivative kernels (families *_tangent_*, *_cotangent_*) last
   is_derivative = lambda name: "_tangent_" in name or "_cotangent_" in name
   ordered = sorted(names, key=lambda name: (is_derivative(name), name))
-  groups = [ordered[i::processes] for i in range(processes)]
-  script = ("import sys\nfrom implicit_topk.kernels.cpu import registry\n"
-            "registry.register(sys.argv[1:])\n")
   start = time.perf_counter()
-  running = [subprocess.Popen([sys.executable, "-c", script, *group], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for group in groups if group]
-  failures = [p.communicate()[1][-2000:] for p in running if p.wait() != 0]
+  failures = build_in_processes(ordered, processes)
   if failures:  # the tests that need the kernels will report it
     sys.stderr.write("conftest: building the CPU kernels failed:\n" + failures[0] + "\n")
   elapsed = time.perf_counter() - start
