@@ -128,12 +128,12 @@ _API_REPRESENTATIVES = frozenset({"soft_topk_mask", "grad_topk", "soft_sort",
 
 
 # The default run (README's test command, meant to take five minutes on 2 cores) checks
-# every public operator's contract on the default solvers: each test function of the
-# modules below once, at its first parametrized case. The other cases, and the modules
-# that check one implementation in depth (the CPU kernels' internals and their sharded
-# forms, the Pallas kernels in interpret mode and their CUDA lowering, export and
-# start-up, the support budget's kernels, fuzzing and float-range sweeps), run in the
-# slow group. CI runs both, every one of these cases (they are not sampled: see
+# every public operator's contract: each test function once, at one parametrized case
+# (default_run_trimmed), outside the modules below, which check one implementation in
+# depth (the CPU kernels' internals and their sharded forms, the Pallas kernels in
+# interpret mode and their CUDA lowering, export and start-up, the support budget's
+# kernels, fuzzing and float-range sweeps). The other cases and those modules run in
+# the slow group. CI runs both, every one of these cases (they are not sampled: see
 # sampled_sweeps_dropped).
 _IN_DEPTH_MODULES = tuple(f"tests/{name}.py::" for name in (
     "test_native_solver", "test_native_first_row", "test_native_lanes",

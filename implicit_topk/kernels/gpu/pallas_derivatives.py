@@ -155,15 +155,19 @@ class RowDerivative:
     outs = pallas_threshold.per_platform(self._call, flat, self.interpret, like=self._like)
     return tuple(out.reshape(lead + out.shape[1:]) for out in outs)
 
+  def _outputs_of(self, args):
+    """The operands whose types the outputs take: ``(x, k, l)`` for the cotangent
+    kernel, ``(x, lam)`` (for ``y_dot``, ``lam_dot``) for the tangent kernel."""
+    return (args[0], args[5], args[6]) if self.transpose else (args[0], args[1])
+
   def _like(self, *args):
-    """Zeros of the types :meth:`_call` returns: one per operand it differentiates."""
-    like = (args[0], args[5], args[6]) if self.transpose else (args[0], args[1])
-    return tuple(jnp.zeros_like(v) for v in like)
+    """Zeros of the types :meth:`_call` returns."""
+    return tuple(jnp.zeros_like(v) for v in self._outputs_of(args))
 
   def _call(self, *args, interpret: bool):
     x = args[0]
     primals, tangents = args[:NUM_PRIMALS], args[NUM_PRIMALS:]
-    like = (x, args[5], args[6]) if self.transpose else (x, args[1])
+    like = self._outputs_of(args)
     if interpret and pallas_threshold._varying_axes(x):  # pylint: disable=protected-access
       # Inside shard_map (as the forward kernel): the map itself, on the whole batch.
       tangent = ScaledTangent(self.problem)
