@@ -8,7 +8,9 @@ Checks:
       {4/3, 1.5, 2}, and the scaling of the magnitude threshold equation with Brent;
   (4) J x = 0, J 1 = 0 (mask) and J x = M (magnitude), by central differences and by
       the library's jax.jacobian; the stop-gradient Jacobian violates J x = 0;
-  (5) zero-spread rows return k / n.
+  (5) zero-spread rows return k / n;
+  (6) the library's spread (scale and mean held constant in autodiff): value, gradient
+      and Hessian-vector products equal the standard deviation's closed forms.
 """
 
 import os
@@ -131,6 +133,30 @@ def check_zero_spread(itk):
     print("  (5) zero-spread rows return k / n")
 
 
+def check_spread_derivatives(rng):
+    import jax
+    import jax.numpy as jnp
+    from implicit_topk import _standardize
+    from implicit_topk.problems.layout import LastAxis
+    library = lambda v: _standardize.row_spread(LastAxis(), v)
+    for n, offset in ((2, 0.0), (7, 0.0), (12, 1e3), (30, -5.0)):
+        x = rng.normal(size=n) * float(10 ** rng.uniform(-2, 2)) + offset
+        v = rng.normal(size=n)
+        s = float(np.std(x))
+        d = x - x.mean()
+        grad = d / (n * s)  # closed forms of the standard deviation's derivatives
+        hessian = (np.eye(n) - 1.0 / n) / (n * s) - np.outer(grad, grad) / s
+        value, g = jax.value_and_grad(library)(jnp.asarray(x))
+        hv = jax.jvp(jax.grad(library), (jnp.asarray(x),), (jnp.asarray(v),))[1]
+        C.check(abs(float(value) - s) <= 1e-12 * s, "spread value")
+        C.check(np.max(np.abs(np.asarray(g) - grad)) <= 1e-12 * (1 + np.max(np.abs(grad))),
+                "spread gradient")
+        want = hessian @ v
+        C.check(np.max(np.abs(np.asarray(hv) - want)) <= 1e-10 * (1 + np.max(np.abs(want))),
+                "spread Hessian-vector product")
+    print("  (6) the spread's value, gradient and Hessian-vector products")
+
+
 def main():
     rng = np.random.default_rng(15)
     print("standardized_strength:")
@@ -142,6 +168,7 @@ def main():
     check_magnitude(rng, itk)
     check_derivatives(rng, itk)
     check_zero_spread(itk)
+    check_spread_derivatives(rng)
     print("standardized_strength: OK")
 
 

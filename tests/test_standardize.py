@@ -105,6 +105,29 @@ def test_gradients_match_finite_differences_and_respect_the_invariance():
   assert np.max(np.abs(g)) > 1e-3  # not a vacuous check: the mask is fractional here
 
 
+def test_first_and_second_derivatives_equal_those_through_jax_std():
+  # The spread holds its scale and mean constant in autodiff (identities that make those
+  # derivatives zero); the result must still be every derivative of the plain formula.
+  # Reference: the mask at strength l * jnp.std(row), differentiated by JAX through its
+  # own std, for the rows and for a tree whose leaves share one spread.
+  w = jnp.asarray(RNG.normal(size=X.shape))
+  v = jnp.asarray(RNG.normal(size=X.shape))
+  ours = lambda z: jnp.sum(w * itk.soft_topk_mask(z, 2.5, regularization_strength=0.5,
+                                                  standardize=True))
+  theirs = lambda z: jnp.sum(w * itk.soft_topk_mask(
+      z, 2.5, regularization_strength=0.5 * jnp.std(z, axis=-1)))
+  assert np.max(np.abs(jax.grad(theirs)(X))) > 1e-3  # not vacuous: fractional masks
+  close(jax.grad(ours)(X), jax.grad(theirs)(X), 1e-10)
+  hvp = lambda f: jax.jvp(jax.grad(f), (X,), (v,))[1]
+  close(hvp(ours), hvp(theirs), 1e-9)
+  weigh = lambda out: jnp.sum(w[0] * out["a"]) + jnp.sum(w[1:] * out["b"])
+  tree_ours = lambda z: weigh(itk.tree_soft_topk_mask(
+      {"a": z[0], "b": z[1:]}, 4.0, regularization_strength=0.5, standardize=True))
+  tree_theirs = lambda z: weigh(itk.tree_soft_topk_mask(
+      {"a": z[0], "b": z[1:]}, 4.0, regularization_strength=0.5 * jnp.std(z)))
+  close(hvp(tree_ours), hvp(tree_theirs), 1e-9)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_low_precision_and_jit(dtype):
   x = X.astype(dtype)
