@@ -15,7 +15,6 @@ import sys
 import textwrap
 
 import jax
-from jax.test_util import check_grads
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from implicit_topk import problems
 from implicit_topk.kernels.cpu import abi, native_calls, registry
 from implicit_topk.solvers import mask_tangent, native
 from test_fuzz import FAST, SLOW, U32, U64, assert_close, k_rows, log_uniform, mtol, unit_rows
+from gradcheck import check_grads
 
 jax.config.update("jax_enable_x64", True)
 
@@ -169,7 +169,7 @@ def test_gradients_match_central_differences(reg, p):
   x = jnp.asarray(rng.normal(size=(3, 6)))
   k, l = jnp.array([1.5, 2.0, 3.3]), jnp.array([0.7, 1.1, 0.9])
   f = lambda x, k, l: native_mask(x, k, l, reg, p)
-  check_grads(f, (x, k, l), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
+  check_grads(f, (x, k, l), modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("reg,p", [(None, 4.0 / 3.0), (None, 2.0), (None, 3.0), ("entropy", 2.0),

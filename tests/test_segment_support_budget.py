@@ -15,13 +15,14 @@ from __future__ import annotations
 import itertools
 
 import jax
-from jax.test_util import check_grads
+from jax.test_util import check_grads as jax_check_grads
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import implicit_topk as itk
 import references as R
+from gradcheck import check_grads
 
 slow = pytest.mark.slow
 
@@ -247,8 +248,7 @@ def test_gradients_match_central_differences(p):
     f = lambda z, k_, l_: jnp.sum(weights * itk.segment_soft_topk_mask(
         z, ids, jnp.where(empty, 0.0, k_), num_segments=len(SIZES), regularization_strength=l_,
         p=p, max_support=M))
-    check_grads(f, (jnp.asarray(x), k, jnp.full(len(SIZES), l)), order=1,
-                modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6)
+    check_grads(f, (jnp.asarray(x), k, jnp.full(len(SIZES), l)), modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6)
 
 
 @slow
@@ -257,8 +257,8 @@ def test_second_derivatives_match_central_differences():
   weights = jnp.asarray(np.random.default_rng(9).normal(size=x.size))
   f = lambda z: jnp.sum(weights * itk.segment_soft_topk_mask(
       z, ids, K, num_segments=len(SIZES), regularization_strength=5.0, max_support=M))
-  check_grads(f, (jnp.asarray(x),), order=2, modes=("fwd", "rev"), eps=1e-5, atol=1e-5,
-              rtol=1e-5)
+  jax_check_grads(f, (jnp.asarray(x),), order=2, modes=("fwd", "rev"), eps=1e-5, atol=1e-5,
+                  rtol=1e-5)
 
 
 def test_the_gradient_moves_to_the_cut_entry_where_the_budget_binds():
