@@ -105,6 +105,7 @@ def test_gradients_match_finite_differences_and_respect_the_invariance():
   assert np.max(np.abs(g)) > 1e-3  # not a vacuous check: the mask is fractional here
 
 
+@pytest.mark.slow  # second order: 15 s of compiling; the default run checks first order above
 def test_first_and_second_derivatives_equal_those_through_jax_std():
   # The spread holds its scale and mean constant in autodiff (identities that make those
   # derivatives zero); the result must still be every derivative of the plain formula.
