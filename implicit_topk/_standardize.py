@@ -30,8 +30,8 @@ def row_spread(layout: Any, rows: Any, valid: Any = None) -> Any:
   no square overflows for entries up to the float maximum: :math:`s = a \sqrt{\tfrac1m \sum_i (x_i / a - \mu)^2}` with
   :math:`a = \max_i |x_i|`, :math:`\mu = \tfrac1m \sum_i x_i / a`, two passes.
 
-  Derivatives, exact at every order, with no reduction in the reverse pass beyond the
-  one that sums the cotangent: :math:`s` is the same for every scale :math:`a > 0`, so
+  Derivatives, exact at every order, with a reverse pass that is elementwise per row (no
+  reduction through the scale or the mean): :math:`s` is the same for every scale :math:`a > 0`, so
   :math:`a` is held constant (``stop_gradient``); and the variance is formed as
   :math:`\tfrac1m \sum_i (z_i - \bar\mu)^2 - (\mu - \bar\mu)^2`, an identity for any
   constant :math:`\bar\mu`, taken as :math:`\mu` held constant: the same value, and the
