@@ -16,6 +16,7 @@ default exports for CPU and CUDA together from this host, and runs here.
 from __future__ import annotations
 
 import re
+from unittest import mock
 import warnings
 
 import jax
@@ -29,9 +30,18 @@ from implicit_topk.kernels.gpu import pallas_threshold
 TRITON = pallas_threshold.TRITON_TARGET
 
 
-def _lower(fn, shape, dtype=jnp.float32):
+def _lower(fn, shape, dtype=jnp.float32, host="gpu"):
+  """``fn`` traced as on a ``host`` machine (``"gpu"``: the GPU solver is traced with the
+  function, as on a GPU machine; ``"cpu"``: this machine, where the GPU branch is a
+  deferred call traced at lowering), lowered for CUDA."""
   x = jax.ShapeDtypeStruct(shape, dtype)
-  return jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  # (jit's caches know the real default device, not this stand-in: the operators' inner
+  # jitted functions traced for one host must not be reused for the other)
+  jax.clear_caches()
+  with mock.patch.object(itk.solvers, "target_platform", lambda: host):
+    text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  jax.clear_caches()
+  return text
 
 
 def _data_dependent_cases(text):
@@ -110,6 +120,18 @@ def test_default_forward_and_backward_lower_to_the_kernel_without_host_round_tri
     assert set(re.findall(r'custom_call @"?([^\s("]+)', text)) == {TRITON}, what
 
 
+def test_lowered_for_cuda_on_a_cpu_machine_the_backward_recomputes_the_forward_kernel():
+  """Traced here (a CPU machine), the GPU branch is a deferred call: lowered for CUDA,
+  forward+backward is the fused kernel, then the backward's own forward kernel and the
+  cotangent kernel (the transposed deferred call recomputes the forward); still no
+  loop and no data-dependent case. Traced on a GPU machine, the backward reuses the
+  forward's outputs (the test above)."""
+  text = _lower(_fwd_bwd(MASK(2.0)), (16384, 64), host="cpu")
+  assert text.count(TRITON) == 3 and "stablehlo.while" not in text
+  assert not _data_dependent_cases(text)
+  assert _lower(MASK(2.0), (16384, 64), host="cpu").count(TRITON) == 1
+
+
 def test_shard_map_over_a_batch_sharded_input_lowers_to_the_kernels():
   """The gradient inside shard_map (a batch-sharded input): the forward kernel and the
   cotangent kernel, chosen per platform there too (no data-dependent case)."""
@@ -117,7 +139,10 @@ def test_shard_map_over_a_batch_sharded_input_lowers_to_the_kernels():
   mesh = jax.make_mesh((1,), ("b",))
   fn = jax.jit(jax.shard_map(_fwd_bwd(MASK(2.0)), mesh=mesh, in_specs=P("b"), out_specs=P("b")))
   x = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=NamedSharding(mesh, P("b")))
-  text = fn.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  jax.clear_caches()
+  with mock.patch.object(itk.solvers, "target_platform", lambda: "gpu"):
+    text = fn.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  jax.clear_caches()
   assert text.count(TRITON) == 2 and "stablehlo.while" not in text
   assert not _data_dependent_cases(text)
 
