@@ -99,6 +99,40 @@ def deferred_call(args: Any, out_avals: Any, default: Callable,
   return jax.tree.unflatten(out_tree, outs)
 
 
+def platform_dependent(*args, here: str, default: Callable, **per_platform: Callable) -> Any:
+  """``jax.lax.platform_dependent(*args, default=default, **per_platform)`` that traces
+  now only the branches of the platform ``here`` (a backend name: ``"cpu"``, ``"gpu"``
+  for both ``"cuda"`` and ``"rocm"``, ``"tpu"``, ...; the platform calls run on); every
+  other branch is one :func:`deferred_call`, traced only when the function is lowered
+  for its platform. Its output types are those of the branches traced here."""
+  eager_names = ("cuda", "rocm") if here == "gpu" else (here,)
+  eager = {p: per_platform[p] for p in eager_names if p in per_platform}
+  if not eager:  # this platform takes the default branch
+    eager, default_is_eager = {here: default}, True
+  else:
+    default_is_eager = False
+  out_avals: list = []
+
+  def traced(branch):
+    def call(*values):
+      out = branch(*values)
+      out_avals.append(jax.tree.map(jax.typeof, out))
+      return out
+    return call
+
+  def deferred(*values):
+    if not out_avals:  # (jax traced the branches in another order)
+      out_avals.append(jax.eval_shape(next(iter(eager.values())), *values))
+    others = {p: f for p, f in per_platform.items() if p not in eager}
+    fallback = default if not default_is_eager else next(iter(eager.values()))
+    return deferred_call(values, out_avals[0], fallback, others,
+                         name=f"platform_dependent[{', '.join(others) or 'default'}]")
+
+  # jax.lax.platform_dependent traces its named branches first, in order, then the default
+  return jax.lax.platform_dependent(*args, **{p: traced(f) for p, f in eager.items()},
+                                    default=deferred)
+
+
 def branch_jaxprs(eqn) -> dict:
   """The program of each function of a deferred call's equation, traced at its operands'
   types: ``{platform: Jaxpr}``, ``"default"`` for the default (for tools that read a

@@ -65,7 +65,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk import _budget_pieces
+from implicit_topk import _budget_pieces, _deferred
 from implicit_topk.kernels.cpu.kinds import PNORM
 from implicit_topk.problems import layout as _layout
 from implicit_topk.solvers import mask_tangent
@@ -122,10 +122,12 @@ def budget_mask(rows, k, l, m: int, regularizer, *, kernel: bool | None = None, 
   jax_path = functools.partial(_jax_mask, m=m, regularizer=regularizer, layout=layout)
   if not (_is_last_axis(layout) and kernel_applies(rows.dtype, a) and kernel is not False):
     return jax_path(rows, k, l)
-  from implicit_topk.solvers import _lower_cpu_calls_on_every_platform
+  from implicit_topk.solvers import _lower_cpu_calls_on_every_platform, target_platform
   _lower_cpu_calls_on_every_platform()  # (the kernel's calls in a multi-platform export)
-  return lax.platform_dependent(rows, k, l, cpu=functools.partial(_kernel_mask, m=m, a=a),
-                                default=jax_path)
+  # the branch of the platform calls run on is traced now, the other when lowered for it
+  return _deferred.platform_dependent(rows, k, l, here=target_platform(),
+                                      cpu=functools.partial(_kernel_mask, m=m, a=a),
+                                      default=jax_path)
 
 
 def _jax_mask(rows, k, l, m, regularizer, layout):

@@ -91,3 +91,35 @@ def test_the_default_operator_on_a_cpu_traces_no_other_platforms_solver(monkeypa
   assert touched == [], touched
   jax.jit(jax.grad(fn)).trace(x).lower(lowering_platforms=("tpu",))
   assert set(touched) == {threshold.ThresholdSolver}, touched  # (forward; backward)
+
+
+def test_a_budgeted_mask_on_a_cpu_traces_only_its_kernel_path(monkeypatch):
+  """max_support on this CPU machine: the kernel path is traced, the pure-JAX path (the
+  other platforms') only when lowered for them."""
+  from implicit_topk import support_budget
+  touched = []
+  original = support_budget._jax_mask  # pylint: disable=protected-access
+  monkeypatch.setattr(support_budget, "_jax_mask",
+                      lambda *a, **kw: touched.append(1) or original(*a, **kw))
+  x = jax.random.normal(jax.random.PRNGKey(1), (4, 9))
+  fn = lambda z: jnp.sum(jnp.sin(itk.soft_topk_mask(z, 2.0, max_support=3)))
+  jax.jit(jax.grad(fn))(x)
+  assert touched == [], touched
+  jax.jit(jax.grad(fn)).trace(x).lower(lowering_platforms=("tpu",))
+  assert touched, "the pure-JAX path is what other platforms run"
+
+
+def test_platform_dependent_traces_the_branch_of_this_platform_only():
+  traced = []
+  branch = lambda name, c: (lambda x: traced.append(name) or x * c)
+  fn = lambda x: _deferred.platform_dependent(x, here="cpu", cpu=branch("cpu", 2.0),
+                                              cuda=branch("cuda", 3.0),
+                                              default=branch("default", 4.0))
+  x = jnp.arange(3.0)
+  np.testing.assert_array_equal(jax.jit(fn)(x), 2.0 * x)
+  assert traced == ["cpu"], traced
+  for platform, want in (("cuda", "cuda"), ("tpu", "default")):
+    traced.clear()
+    jax.jit(fn).trace(x).lower(lowering_platforms=(platform,))
+    assert traced == [want], traced  # (jit reuses its trace of fn: the lowering alone)
+  np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(jnp.sin(fn(x))))(x), 2.0 * np.cos(2.0 * x))

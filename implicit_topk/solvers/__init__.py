@@ -86,15 +86,6 @@ def target_platform() -> str:
   return getattr(device, "platform", None) or jax.default_backend()
 
 
-def _here(platform: str) -> tuple[str, ...]:
-  """The :class:`PlatformSolver` fields that ``platform`` (a backend name) stands for:
-  a GPU is either of ``cuda`` and ``rocm``, a platform other than those and the CPU
-  ``other``."""
-  if platform in ("cpu", "cuda", "rocm"):
-    return (platform,)
-  return ("cuda", "rocm") if platform == "gpu" else ("other",)
-
-
 def _check_runs_here(name: str) -> None:
   """``ValueError`` for a CPU-only solver asked for where calls run on another backend."""
   platform = target_platform()
@@ -162,35 +153,16 @@ class PlatformSolver(ThresholdRootSolver):
   def _per_platform(self, method: str, *args):
     """``method`` of the solver of the platform the function is lowered for. The
     solver of the platform calls run on here (:func:`target_platform`) is traced now;
-    the others are one deferred call (:func:`implicit_topk._deferred.deferred_call`),
+    the others are one deferred call (:func:`implicit_topk._deferred.platform_dependent`),
     traced only for a lowering for their platforms (``jax.export`` for several
     platforms, ``.lower(lowering_platforms=...)``). So a default call on a CPU does
     not trace the GPU kernel or the pure-JAX solver. A gradient lowered for a platform
     other than the one it was traced on recomputes that platform's forward pass in its
     backward pass (traced on that platform, it does not)."""
     _lower_cpu_calls_on_every_platform()
-    host = target_platform()
-    here = _here(host)
-    method_of = lambda platform: getattr(getattr(self, platform), method)
-    out_avals: list = []
-
-    def traced(platform):
-      def call(*values):
-        out = method_of(platform)(*values)
-        out_avals.append(jax.tree.map(jax.typeof, out))
-        return out
-      return call
-
-    def deferred(*values):
-      if not out_avals:  # (jax traced the branches in another order)
-        out_avals.append(jax.eval_shape(method_of(here[0]), *values))
-      others = {p: method_of(p) for p in ("cpu", "cuda", "rocm") if p not in here}
-      return _deferred.deferred_call(values, out_avals[0], method_of("other"), others,
-                                     name=f"implicit_topk.solvers.PlatformSolver.{method}")
-
-    # platform_dependent traces its named branches first, in this order, then the default
-    eager = {host: traced("other")} if here == ("other",) else {p: traced(p) for p in here}
-    return jax.lax.platform_dependent(*args, **eager, default=deferred)
+    branches = {p: getattr(getattr(self, p), method) for p in ("cpu", "cuda", "rocm")}
+    return _deferred.platform_dependent(*args, here=target_platform(),
+                                        default=getattr(self.other, method), **branches)
 
   def _solve(self, init, x, k, l):
     return self._per_platform("_solve", init, x, k, l)
