@@ -8,10 +8,13 @@ lowered for one platform holds that platform's function alone; one lowered for s
 as ``jax.export(..., platforms=("cpu", "cuda"))``, a case on the platform index that jax
 resolves before compiling).
 
-Its user: ``solver="auto"`` (:class:`implicit_topk.solvers.PlatformSolver`) puts the
-solvers of the platforms other than the one calls run on here in such a call. Tracing
-the fused GPU kernel and the pure-JAX solver took 1-2 s of each new default call on a
-CPU, and a program lowered for the CPU never uses them. (The fused GPU kernel's own
+Its users go through :func:`platform_dependent` (``jax.lax.platform_dependent`` that traces
+now only the branches of the platform calls run on): ``solver="auto"``
+(:class:`implicit_topk.solvers.PlatformSolver`) and ``max_support``'s CPU-kernel and
+pure-JAX paths (:mod:`implicit_topk.support_budget`). Tracing the fused GPU kernel and
+the pure-JAX solver took 1-2 s of each new default call on a CPU, and a program lowered
+for the CPU never uses them.
+(The fused GPU kernel's own
 choice between its compiled and interpreted forms,
 :mod:`implicit_topk.kernels.gpu.platform_select`, is forward only and keeps its own
 primitive.)
