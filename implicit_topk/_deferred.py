@@ -13,11 +13,9 @@ now only the branches of the platform calls run on): ``solver="auto"``
 (:class:`implicit_topk.solvers.PlatformSolver`) and ``max_support``'s CPU-kernel and
 pure-JAX paths (:mod:`implicit_topk.support_budget`). Tracing the fused GPU kernel and
 the pure-JAX solver took 1-2 s of each new default call on a CPU, and a program lowered
-for the CPU never uses them.
-(The fused GPU kernel's own
-choice between its compiled and interpreted forms,
-:mod:`implicit_topk.kernels.gpu.platform_select`, is forward only and keeps its own
-primitive.)
+for the CPU never uses them. (The fused GPU kernel's own choice between its compiled and
+interpreted forms, :mod:`implicit_topk.kernels.gpu.platform_select`, is forward only and
+keeps its own primitive.)
 
 Transformations are exact, each one a deferred call again:
 
@@ -109,11 +107,9 @@ def platform_dependent(*args, here: str, default: Callable, **per_platform: Call
   other branch is one :func:`deferred_call`, traced only when the function is lowered
   for its platform. Its output types are those of the branches traced here."""
   eager_names = ("cuda", "rocm") if here == "gpu" else (here,)
-  eager = {p: per_platform[p] for p in eager_names if p in per_platform}
-  if not eager:  # this platform takes the default branch
-    eager, default_is_eager = {here: default}, True
-  else:
-    default_is_eager = False
+  # (where this platform takes the default branch, the default is traced now under its name)
+  eager = {p: per_platform[p] for p in eager_names if p in per_platform} or {here: default}
+  others = {p: f for p, f in per_platform.items() if p not in eager}
   out_avals: list = []
 
   def traced(branch):
@@ -126,24 +122,12 @@ def platform_dependent(*args, here: str, default: Callable, **per_platform: Call
   def deferred(*values):
     if not out_avals:  # (jax traced the branches in another order)
       out_avals.append(jax.eval_shape(next(iter(eager.values())), *values))
-    others = {p: f for p, f in per_platform.items() if p not in eager}
-    fallback = default if not default_is_eager else next(iter(eager.values()))
-    return deferred_call(values, out_avals[0], fallback, others,
+    return deferred_call(values, out_avals[0], default, others,
                          name=f"platform_dependent[{', '.join(others) or 'default'}]")
 
   # jax.lax.platform_dependent traces its named branches first, in order, then the default
   return jax.lax.platform_dependent(*args, **{p: traced(f) for p, f in eager.items()},
                                     default=deferred)
-
-
-def branch_jaxprs(eqn) -> dict:
-  """The program of each function of a deferred call's equation, traced at its operands'
-  types: ``{platform: Jaxpr}``, ``"default"`` for the default (for tools that read a
-  program's primitives: nothing in the jaxpr holds them)."""
-  params = eqn.params
-  structs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
-  names = tuple(params["platforms"]) + ("default",)
-  return {name: jax.make_jaxpr(fun.fn)(*structs).jaxpr for name, fun in zip(names, params["funs"])}
 
 
 def _bind_each(args, funs, transform, label, **params):

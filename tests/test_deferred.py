@@ -78,7 +78,7 @@ def test_the_default_operator_on_a_cpu_traces_no_other_platforms_solver(monkeypa
   deferred call, not traced when the caller is traced (nor when it runs here)."""
   from implicit_topk.solvers import pallas, threshold
   touched = []
-  for module, cls in ((pallas, pallas.PallasSolver), (threshold, threshold.ThresholdSolver)):
+  for cls in (pallas.PallasSolver, threshold.ThresholdSolver):
     original = cls.solve_and_map
     monkeypatch.setattr(cls, "solve_and_map",
                         lambda self, *a, _o=original, _c=cls: touched.append(_c) or _o(self, *a))

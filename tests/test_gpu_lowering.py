@@ -15,6 +15,7 @@ default exports for CPU and CUDA together from this host, and runs here.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from unittest import mock
 import warnings
@@ -30,18 +31,24 @@ from implicit_topk.kernels.gpu import pallas_threshold
 TRITON = pallas_threshold.TRITON_TARGET
 
 
-def _lower(fn, shape, dtype=jnp.float32, host="gpu"):
-  """``fn`` traced as on a ``host`` machine (``"gpu"``: the GPU solver is traced with the
-  function, as on a GPU machine; ``"cpu"``: this machine, where the GPU branch is a
-  deferred call traced at lowering), lowered for CUDA."""
-  x = jax.ShapeDtypeStruct(shape, dtype)
-  # (jit's caches know the real default device, not this stand-in: the operators' inner
-  # jitted functions traced for one host must not be reused for the other)
+@contextlib.contextmanager
+def _traced_as_on(host):
+  """Traces inside run as on a ``host`` machine (``"gpu"``: the GPU solver is traced with
+  the function, as on a GPU machine; ``"cpu"``: this machine, where the GPU branch is a
+  deferred call traced at lowering). jit's caches know the real default device, not this
+  stand-in, so they are cleared on both sides: the operators' inner jitted functions
+  traced for one host must not be reused for the other."""
   jax.clear_caches()
   with mock.patch.object(itk.solvers, "target_platform", lambda: host):
-    text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    yield
   jax.clear_caches()
-  return text
+
+
+def _lower(fn, shape, dtype=jnp.float32, host="gpu"):
+  """``fn`` traced as on a ``host`` machine (:func:`_traced_as_on`), lowered for CUDA."""
+  x = jax.ShapeDtypeStruct(shape, dtype)
+  with _traced_as_on(host):
+    return jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def _data_dependent_cases(text):
@@ -139,10 +146,8 @@ def test_shard_map_over_a_batch_sharded_input_lowers_to_the_kernels():
   mesh = jax.make_mesh((1,), ("b",))
   fn = jax.jit(jax.shard_map(_fwd_bwd(MASK(2.0)), mesh=mesh, in_specs=P("b"), out_specs=P("b")))
   x = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=NamedSharding(mesh, P("b")))
-  jax.clear_caches()
-  with mock.patch.object(itk.solvers, "target_platform", lambda: "gpu"):
+  with _traced_as_on("gpu"):
     text = fn.trace(x).lower(lowering_platforms=("cuda",)).as_text()
-  jax.clear_caches()
   assert text.count(TRITON) == 2 and "stablehlo.while" not in text
   assert not _data_dependent_cases(text)
 
