@@ -175,6 +175,12 @@ def threshold(top, weights, cut, l, target, a):
     base = jnp.where(jnp.isfinite(hi), hi_base, lo_base)
     offset = base - _newton_on_piece(offsets(anchor, base), active_w, rest, width, a,
                                      rising=True)
+  # A root at the lower breakpoint itself (F(lo) = K: an entry sitting exactly at the
+  # threshold, e.g. ties in integer data) is taken exactly there. The iteration above
+  # reaches it only to its tolerance, and for a < 1 the mask's infinite slope at 0
+  # turned that rounding into a mass of sqrt(eps) on the entry (p = 3: 7e-9 in float64).
+  at_lo = found & (_pick(at_break, which) == target)
+  anchor, offset = jnp.where(at_lo, lo_anchor, anchor), jnp.where(at_lo, lo_base, offset)
   anchor = jnp.where(found, anchor, 0.0)
   return anchor, jnp.where(found & (target >= 0), offset, jnp.nan)
 

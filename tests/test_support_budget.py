@@ -128,6 +128,23 @@ def test_the_plain_mask_where_the_bound_does_not_bind():
     np.testing.assert_array_equal(capped[fits] > 0, plain[fits] > 0)
 
 
+@pytest.mark.parametrize("p", [4.0 / 3.0, 2.0, 2.5, 3.0])
+def test_an_entry_exactly_at_the_threshold_gets_exactly_zero(p):
+  """Integer data whose plain threshold is an entry (x = 0 here: the two 1s saturate at
+  l = 1 and fill k = 2 exactly), at scales where x / l is exact (1) and where it rounds
+  (3, 1e-30, 1e30). The budget (m = 3) does not bind, so the output is the plain mask:
+  exact 0s and 1s. For p > 2 (the general-p path) the entry at the threshold used to get
+  sqrt(eps)-sized mass (7e-9 at p = 3): the iteration's tolerance through the mask's
+  infinite slope at 0."""
+  row = np.array([-1.0, 1.0, -2.0, -2.0, 1.0, -0.0, -1.0, -1.0])
+  want = (row > 0).astype(np.float64)
+  np.testing.assert_allclose(R.soft_topk_mask(row, 2.0, 1.0, p), want, rtol=0, atol=4e-16)
+  for scale in (1.0, 3.0, 1e-30, 1e30):
+    y = budget(row * scale, 2.0, scale, 3, p=p)
+    np.testing.assert_allclose(y, want, rtol=0, atol=4e-16, err_msg=f"scale {scale}")
+    assert y[5] == 0.0, (scale, y)
+
+
 def test_rows_of_at_most_m_entries_never_bind():
   for n in (1, 3):
     x = _rows(n, (6, n))
