@@ -187,7 +187,10 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
     # the m+1 largest values of each row and two small problems on them, by the budget
     # kernel on CPU where the solver is a compiled one (native, pav), else in JAX
     # (segments: m + 2 segment maxima, in JAX)
-    y = support_budget.budget_mask(rows, k_rows, l_rows, max_support,
+    # (a traced k >= max_support, refused where k is concrete, gives NaN rows: a support
+    # of m entries cannot hold k >= m, and the mask would exceed the budget)
+    k_budget = jnp.where(k_rows < max_support, k_rows, jnp.nan)
+    y = support_budget.budget_mask(rows, k_budget, l_rows, max_support,
                                    solver.problem.regularizer,
                                    kernel=_compiled_on_cpu(solver), layout=layout)
     state = _solvers_base.RootState(iter_num=jnp.zeros(row_shape, jnp.int32),

@@ -190,8 +190,8 @@ def soft_topk_mask(
   distance from that maximum: when that distance exceeds ``l / eps`` (e.g. ``x =
   (1e308, -1e308)``, ``k = 1.5``, ``l = 1``) no float threshold gives ``sum y = k``;
   ``return_info`` then reports the residual ``|sum_i y_i - k|`` (> 0). Under ``jit``
-  with traced ``k`` or ``l``, values are not checked: ``l <= 0`` or ``k`` outside
-  ``[0, n]`` give NaN.
+  with traced ``k`` or ``l``, values are not checked: ``l <= 0``, ``k`` outside
+  ``[0, n]`` or, with ``max_support``, ``k >= max_support`` give NaN rows.
 
   Non-finite inputs: a row containing NaN gives a row of NaN. ``+inf`` entries get
   1 and ``-inf`` entries 0, the finite entries share the rest of ``k``; a row whose
@@ -317,6 +317,7 @@ def segment_soft_topk_mask(
       symmetric operator cannot split a tie; the support then exceeds ``m`` by those
       entries), the rule of :func:`soft_topk_mask`. Gradients through both the mask's
       and the strength's equations (``proofs/support_budget.md``), per segment.
+      A traced ``k_S >= m`` (under ``jit``, not checked) gives that segment NaN.
       p-norm regularizers only (``ValueError`` otherwise). Cost: ``m + 2`` passes of
       :func:`jax.ops.segment_max` over the axis, each with a
       :func:`jax.ops.segment_sum` counting the entries at the value found (the ``m +
@@ -431,7 +432,8 @@ def tree_soft_topk_mask(
     max_support: ``None`` (default) or an int ``m > k``: at most ``m`` nonzero entries
       in the whole pytree, as :func:`soft_topk_mask`'s ``max_support`` on the
       concatenation of the flattened leaves (which it then builds: one copy of the
-      entries; the Newton iteration does not run).
+      entries; the Newton iteration does not run). A traced ``k >= m`` (under
+      ``jit``, not checked) gives NaN leaves.
     l: deprecated name of ``regularization_strength`` (removed in 0.3.0): warns with
       a ``DeprecationWarning``; passing both is a ``TypeError``.
 

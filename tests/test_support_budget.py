@@ -660,3 +660,28 @@ def test_arguments_are_checked_by_name():
     itk.soft_topk_mask(x, 1.0, max_support=0)
   with pytest.raises(ValueError, match="max_support.*axis_name"):
     itk.soft_topk_mask(x, 1.0, max_support=2, axis_name="i")
+
+
+@pytest.mark.parametrize("solver", ["auto", "threshold"])  # the kernel, the JAX path
+def test_a_traced_k_not_below_max_support_gives_nan_rows(solver):
+  """Where ``k`` is concrete, ``k >= max_support`` is a ValueError (above). Under ``jit``
+  it is not checked: those rows are NaN, forward and gradient (a support of m entries
+  cannot hold a mask summing to k >= m), as for the other invalid traced values; the
+  other rows are the budgeted mask. Before, k = 3.5 with m = 3 gave 4 nonzero entries."""
+  x = jnp.asarray(_rows(7, (4, 8)))
+  k = jnp.array([2.5, 3.0, 3.5, 1.0])
+  op = lambda x, k: itk.soft_topk_mask(x, k, regularization_strength=0.5, max_support=3,
+                                       solver=solver)
+  y = np.asarray(jax.jit(op)(x, k))
+  valid = np.array([True, False, False, True])
+  assert np.isnan(y[~valid]).all()
+  np.testing.assert_allclose(y[valid], budget(np.asarray(x)[valid], np.asarray(k)[valid], 0.5, 3),
+                             rtol=0, atol=1e-15)
+  g = np.asarray(jax.jit(jax.grad(lambda x, k: jnp.sum(jnp.sin(op(x, k)))))(x, k))
+  assert np.isnan(g[~valid]).all() and np.isfinite(g[valid]).all()
+  ids = jnp.arange(8) % 2  # segments: the rule per segment
+  segments = jax.jit(lambda x, k: itk.segment_soft_topk_mask(
+      x, ids, k, num_segments=2, regularization_strength=0.5, max_support=3))(
+          x, jnp.array([2.5, 3.0]))
+  assert np.isnan(np.asarray(segments)[:, 1::2]).all()
+  assert np.isfinite(np.asarray(segments)[:, ::2]).all()
