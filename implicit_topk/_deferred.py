@@ -106,18 +106,22 @@ def platform_dependent(*args, here: str, default: Callable, **per_platform: Call
   for both ``"cuda"`` and ``"rocm"``, ``"tpu"``, ...; the platform calls run on); every
   other branch is one :func:`deferred_call`, traced only when the function is lowered
   for its platform. Its output types are those of the branches traced here."""
+  # (jax.lax.platform_dependent names a GPU "cuda" or "rocm", never "gpu")
   eager_names = ("cuda", "rocm") if here == "gpu" else (here,)
-  # (where this platform takes the default branch, the default is traced now under its name)
-  eager = {p: per_platform[p] for p in eager_names if p in per_platform} or {here: default}
+  # (where this platform takes the default branch, the default is traced now under its
+  # names: both of a GPU's, one traced branch, which jax joins)
+  eager = ({p: per_platform[p] for p in eager_names if p in per_platform}
+           or {p: default for p in eager_names})
   others = {p: f for p, f in per_platform.items() if p not in eager}
   out_avals: list = []
+  wrapped: dict[int, Callable] = {}
 
   def traced(branch):
     def call(*values):
       out = branch(*values)
       out_avals.append(jax.tree.map(jax.typeof, out))
       return out
-    return call
+    return wrapped.setdefault(id(branch), call)
 
   def deferred(*values):
     if not out_avals:  # (jax traced the branches in another order)

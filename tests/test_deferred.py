@@ -123,3 +123,21 @@ def test_platform_dependent_traces_the_branch_of_this_platform_only():
     jax.jit(fn).trace(x).lower(lowering_platforms=(platform,))
     assert traced == [want], traced  # (jit reuses its trace of fn: the lowering alone)
   np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(jnp.sin(fn(x))))(x), 2.0 * np.cos(2.0 * x))
+
+
+def test_on_a_gpu_the_default_branch_is_traced_once_under_both_gpu_names():
+  """``here="gpu"`` where the GPU takes the default branch: jax names a GPU ``"cuda"`` or
+  ``"rocm"`` (``"gpu"`` raises), and both names share one traced branch."""
+  traced = []
+  branch = lambda name, c: (lambda x: traced.append(name) or x * c)
+  fn = lambda x: _deferred.platform_dependent(x, here="gpu", cpu=branch("cpu", 2.0),
+                                              default=branch("default", 4.0))
+  x = jnp.arange(3.0)
+  traced_fn = jax.jit(fn).trace(x)
+  assert traced == ["default"], traced
+  for platform in ("cuda", "rocm", ("cuda", "rocm")):
+    traced_fn.lower(lowering_platforms=platform if isinstance(platform, tuple) else (platform,))
+  assert traced == ["default"], traced
+  traced_fn.lower(lowering_platforms=("cpu",))
+  assert traced == ["default", "cpu"], traced  # (the CPU branch deferred: traced at lowering)
+  np.testing.assert_array_equal(jax.jit(fn)(x), 2.0 * x)  # (runs here, on the CPU)

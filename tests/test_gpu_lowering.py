@@ -152,6 +152,27 @@ def test_shard_map_over_a_batch_sharded_input_lowers_to_the_kernels():
   assert not _data_dependent_cases(text)
 
 
+BUDGET_CELLS = (((16384, 8), 2.0, 3), ((16384, 256), 8.0, 12))
+
+
+@pytest.mark.parametrize("host", ["gpu", "cpu"])
+@pytest.mark.parametrize("shape,k,m", BUDGET_CELLS, ids=["16384x8", "16384x256"])
+def test_a_budgeted_mask_lowers_for_cuda_without_host_round_trips(shape, k, m, host):
+  """``max_support`` (the router recipe, ``standardize=True``): on a GPU the pure-JAX
+  budget path (its m+1 largest values by masked maxima, or ``lax.top_k`` at n = 256;
+  two closed forms), forward+backward and forward mode, with no loop and no
+  data-dependent case (``lax.cond``), traced on a GPU machine or here; never the CPU
+  kernel's call."""
+  op = lambda u: itk.soft_topk_mask(u, k, regularization_strength=0.5, max_support=m,
+                                    standardize=True)
+  for fn, what in ((_fwd_bwd(op), "forward+backward"),
+                   (lambda z: jax.jvp(op, (z,), (jnp.cos(z),))[1], "forward mode")):
+    text = _lower(fn, shape, host=host)
+    assert "stablehlo.while" not in text and "stablehlo.sort" not in text, what
+    assert not _data_dependent_cases(text), what
+    assert not re.findall(r'custom_call @"?([^\s("]+)', text), what
+
+
 def test_long_rows_lower_to_the_chunked_kernel():
   """64 x 1e4: one program per row, the row read in chunks (rows of 4096 < n <= 65536)."""
   text = _lower(_fwd_bwd(MASK(100.0)), (64, 10_000))
