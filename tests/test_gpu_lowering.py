@@ -173,6 +173,64 @@ def test_a_budgeted_mask_lowers_for_cuda_without_host_round_trips(shape, k, m, h
     assert not re.findall(r'custom_call @"?([^\s("]+)', text), what
 
 
+def _public_operators():
+  """One call of every public operator (and of ``max_support`` in each mask form) on a
+  (4, 8) input."""
+  labels = jnp.array([1, 3, 0, 2])
+  ids = lambda u: jnp.arange(u.size) // 8
+  tree = lambda u: {"a": u, "b": u[:, :3]}
+  return {
+      "soft_topk_mask": lambda u: itk.soft_topk_mask(u, 2.0),
+      "soft_topk_mask entropy": lambda u: itk.soft_topk_mask(u, 2.0, regularizer=itk.Entropy()),
+      "soft_topk_mask where": lambda u: itk.soft_topk_mask(u, 2.0, where=u > -1),
+      "soft_topk_mask max_support p=3": lambda u: itk.soft_topk_mask(u, 2.0, p=3.0, max_support=3),
+      "soft_topk_mask max_support float16": lambda u: itk.soft_topk_mask(
+          u.astype(jnp.float16), 2.0, max_support=3).astype(u.dtype),
+      "soft_topk_mag": lambda u: itk.soft_topk_mag(u, 2.0),
+      "hard_topk_mask": lambda u: itk.hard_topk_mask(u, 2),
+      "hard_topk_mag": lambda u: itk.hard_topk_mag(u, 2),
+      "segment_soft_topk_mask": lambda u: itk.segment_soft_topk_mask(u.reshape(-1), ids(u), 2.0, num_segments=4),
+      "segment_soft_topk_mask max_support": lambda u: itk.segment_soft_topk_mask(
+          u.reshape(-1), ids(u), 2.0, num_segments=4, max_support=3),
+      "tree_soft_topk_mask": lambda u: itk.tree_soft_topk_mask(tree(u), 4.0)["a"],
+      "tree_soft_topk_mask max_support": lambda u: itk.tree_soft_topk_mask(
+          tree(u), 4.0, max_support=6)["a"],
+      "tree_soft_topk_mag": lambda u: itk.tree_soft_topk_mag(tree(u), 4.0)["a"],
+      "soft_sort": itk.soft_sort,
+      "soft_rank": itk.soft_rank,
+      "soft_quantile": lambda u: itk.soft_quantile(u, 0.5),
+      "soft_topk_values": lambda u: itk.soft_topk_values(u, 2),
+      "permutahedron_argmax": lambda u: itk.permutahedron_argmax(u, jnp.arange(8.0, dtype=u.dtype)),
+      "grad_topk": lambda u: itk.grad_topk(u, 2),
+      "iterative_softmax_topk": lambda u: itk.iterative_softmax_topk(u, 2),
+      "sparse_softmax": lambda u: itk.sparse_softmax(u, 2),
+      "topk_cross_entropy": lambda u: itk.topk_cross_entropy(u, labels, p_k=[0.5, 0.5]),
+      "topk_fenchel_young_loss": lambda u: itk.topk_fenchel_young_loss(
+          u, jax.nn.one_hot(labels, 8), 2),
+      "smooth_topk_svm_loss": lambda u: itk.smooth_topk_svm_loss(u, labels, 2),
+      "soft_error_loss": lambda u: itk.soft_error_loss(u, labels),
+  }
+
+
+def test_every_public_operator_lowers_for_cuda_traced_as_on_a_gpu():
+  """Forward+backward of each public operator, traced as on a GPU machine and lowered for
+  CUDA: none raises (``max_support`` did: its per-platform choice named a GPU ``"gpu"``)
+  and none holds a CPU kernel's call."""
+  failed, cpu_calls = {}, {}
+  for name, op in _public_operators().items():
+    fn = lambda z, op=op: jax.grad(lambda u: jnp.sum(op(u) * jnp.cos(jnp.sum(u))))(z)
+    try:
+      text = _lower(fn, (4, 8))
+    except Exception as exc:  # pylint: disable=broad-except
+      failed[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+      continue
+    calls = set(re.findall(r'custom_call @"?([^\s("]+)', text)) - {TRITON}
+    if calls:
+      cpu_calls[name] = calls
+  assert not failed, failed
+  assert not cpu_calls, cpu_calls
+
+
 def test_long_rows_lower_to_the_chunked_kernel():
   """64 x 1e4: one program per row, the row read in chunks (rows of 4096 < n <= 65536)."""
   text = _lower(_fwd_bwd(MASK(100.0)), (64, 10_000))
