@@ -97,6 +97,7 @@ def test_a_budgeted_mask_on_a_cpu_traces_only_its_kernel_path(monkeypatch):
   """max_support on this CPU machine: the kernel path is traced, the pure-JAX path (the
   other platforms') only when lowered for them."""
   from implicit_topk import support_budget
+  jax.clear_caches()  # (an earlier test may have traced the operator's inner jit at this shape)
   touched = []
   original = support_budget._jax_mask  # pylint: disable=protected-access
   monkeypatch.setattr(support_budget, "_jax_mask",

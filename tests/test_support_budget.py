@@ -494,6 +494,64 @@ def test_kernel_against_the_reference(dtype):
       assert np.all(np.sum(y > 0, axis=-1)[:1] <= m)
 
 
+def _router_rows(n, m, seed, rows=150):
+  """(x, k, l) float64: router rows the kernel's lanes take (finite, ``k <= 2``, the m+1
+  largest distinct; binding and not; binary) and rows they leave to the per-row kernel
+  (ties among the m+1 largest, +-inf, NaN, far from 0 relative to ``l``, ``k`` above 2
+  or at 0); 150 rows: two full blocks of 64 and a short one."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(rows, n))
+  k = np.minimum(rng.choice([0.25, 0.5, 1.0, 1.5, 2.0], size=rows), m - 0.5)
+  l = 10.0 ** rng.uniform(-1.5, 0.7, size=rows)
+  x[1::9] = np.round(x[1::9])  # ties
+  for r in range(2, rows, 9):  # binary at integer k: the top k entries far above the rest
+    k[r] = min(1.0 + r % 2, m - 1.0) if m > 1 else 0.5
+    x[r] = np.where(np.arange(n) < k[r], 5.0, 0.0) - 0.01 * np.arange(n)
+  x[4::18, 0] = np.inf
+  x[13::18, -1] = -np.inf
+  x[5::27, -1] = np.nan
+  x[6::18] += 1e7
+  k[7::18] = np.where(m > 3, 2.5, 0.0)
+  return x, k, l
+
+
+@pytest.mark.parametrize("a", [3, 1])
+@pytest.mark.parametrize("n,m", [(8, 3), (16, 4), (5, 1), pytest.param(8, 2, marks=slow),
+                                 pytest.param(3, 2, marks=slow)])
+def test_router_rows_through_the_kernels_lanes(n, m, a):
+  """Rows of at most 16 entries with ``m <= 4`` go through the budget kernel's lanes
+  (``kernels/cpu/budget_lanes.py``) where they can. Against the independent reference
+  (the mask, with the bound where no tie applies) and the JAX path: the same cut and
+  strength, and the same threshold where the mask is not binary (a binary mask's
+  threshold is any point of a flat interval: the lanes take its middle, as the plain
+  mask does)."""
+  from implicit_topk import regularizers, support_budget
+  p = 1.0 + 1.0 / a
+  x, k, l = _router_rows(n, m, seed=10 * n + m)
+  for dtype, ulps, tol in ((np.float64, 64, 1e-11), (np.float32, 8, 3e-6)):
+    xd, kd, ld = (np.asarray(v, dtype) for v in (x, k, l))
+    x64 = np.asarray(xd, np.float64)
+    want = np.stack([reference(x64[r:r + 1], float(kd[r]), float(ld[r]), m, p)[0]
+                     for r in range(x.shape[0])])
+    y = np.asarray(support_budget.budget_mask(jnp.asarray(xd), jnp.asarray(kd), jnp.asarray(ld),
+                                              m, regularizers.PNorm(p), kernel=True), np.float64)
+    # (rows far from 0 relative to l: the mask moves by eps |x| / l as x rounds)
+    finite = np.where(np.isfinite(x64), np.abs(x64), 0.0).max(axis=-1)
+    atol = tol + 8 * np.finfo(dtype).eps * finite / np.asarray(ld, np.float64)
+    np.testing.assert_array_less(np.abs(y - want), atol[:, None] + 0 * y, err_msg=str(dtype))
+    for r in range(x.shape[0]):
+      if np.all(np.isfinite(x64[r])) and len(set(np.sort(x64[r])[::-1][:m + 1])) == m + 1:
+        assert np.sum(y[r] > 0) <= m, (r, y[r])
+    kernel = [np.asarray(v, np.float64) for v in _solution(xd, kd, ld, m, a, True)]
+    jax_path = [np.asarray(np.asarray(v, dtype), np.float64)
+                for v in _solution(x64, *(np.asarray(v, np.float64) for v in (kd, ld)), m, a, False)]
+    fractional = np.any((want > 1e-6) & (want < 1 - 1e-6), axis=-1)
+    _assert_same_solution([np.where(fractional, v, w) for v, w in zip(kernel, jax_path)],
+                          jax_path, ulps, np.finfo(dtype).eps)
+    np.testing.assert_array_equal(kernel[3][fractional], jax_path[3][fractional])
+    np.testing.assert_allclose(kernel[2], jax_path[2], rtol=ulps * np.finfo(dtype).eps)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_kernel_rows_with_nothing_finite_to_place(dtype):
   # k = 0 on a row of -inf entries, and as many +inf entries as k: nothing finite lies
