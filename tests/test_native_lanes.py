@@ -74,21 +74,13 @@ def test_router_blocks_match_the_reference(n, p, dtype, eps):
 
 
 def _kernel(x, k, l, a, per_row):
-  """The kernel's (y, lam, passes) on float32 rows: all rows at once (lanes where they
-  apply) or each row by the per-row kernel."""
-  rows, n = x.shape
+  """The kernel's (y, lam, passes) on float32 rows: all rows at once, in lanes where they
+  apply, or each row by the per-row kernel."""
+  rows, _ = x.shape
   y, lam, passes = np.empty_like(x), np.empty(rows, x.dtype), np.empty(rows, np.int32)
-  if not per_row:
-    residual, shift = np.empty(rows, x.dtype), np.empty(rows, x.dtype)
-    native_mask.capped_simplex_rows(x, k, l, native_threshold.PNORM, a, y, lam, passes,
-                                         residual, shift)
-    return y, lam, passes
-  tol, root_eps = 4.0 * np.finfo(x.dtype).eps, float(np.sqrt(np.finfo(x.dtype).eps))
-  work, scratch, guess = np.empty(n), np.empty(n), np.full(3, np.inf)
-  for b in range(rows):
-    lam[b], passes[b], _, _ = native_threshold._solve_row(
-        x[b], n, float(k[b]), float(l[b]), native_threshold.PNORM, a, tol, root_eps, work,
-        scratch, guess, y[b])
+  residual, shift = np.empty(rows, x.dtype), np.empty(rows, x.dtype)
+  native_mask.capped_simplex_rows(x, k, l, native_threshold.PNORM, a, y, lam, passes,
+                                  residual, shift, not per_row)
   return y, lam, passes
 
 

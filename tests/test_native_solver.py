@@ -56,6 +56,32 @@ def test_auto_picks_native_on_cpu_and_pallas_on_gpu_where_they_apply():
   assert auto(problems.CappedSimplex(_UserRegularizer()), backend="cpu", row_length=8) == "threshold"
 
 
+@pytest.mark.parametrize("p", [2.0, 1.5])
+@pytest.mark.parametrize("n", [8, 20])  # the lanes, the per-row kernel
+def test_an_entry_exactly_at_the_threshold_gets_exactly_zero(n, p):
+  """Integer rows whose threshold is an entry (``proofs/snap_to_entry.md``): the kernel
+  stopped a few ulps below it and gave it 7e-17 (p = 2); the expected masks are exact
+  rational arithmetic: [2, 4, 1, 0, 3, 0, -1, -2], k = 2, l = 3 has the threshold 1 at
+  p = 2 (1/3 + 1 + 2/3 = 2), and [2, -2, -2, 0, -2, 2, 0, -2], k = 1/2, l = 4 the
+  threshold 0 at p = 3/2 ((1/2)^2 + (1/2)^2 = 1/2; its zeros got 4e-36); padded with -10
+  to n entries."""
+  from fractions import Fraction
+  if p == 2.0:
+    row, k, l, lam, a = [2, 4, 1, 0, 3, 0, -1, -2], Fraction(2), Fraction(3), 1, 1
+  else:
+    row, k, l, lam, a = [2, -2, -2, 0, -2, 2, 0, -2], Fraction(1, 2), Fraction(4), 0, 2
+  exact = [min(max(Fraction(v - lam) / l, 0), 1) ** a for v in row]
+  assert sum(exact) == k  # the threshold is the entry lam
+  want = [float(v) for v in exact]
+  x = np.full(n, -10.0)
+  x[:len(row)] = row
+  want = np.concatenate([want, np.zeros(n - len(row))])
+  for dtype in (jnp.float64, jnp.float32):
+    y = np.asarray(native_mask(jnp.asarray(x[None], dtype), float(k), float(l), p=p), np.float64)[0]
+    np.testing.assert_array_equal(y == 0, want == 0)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-7 if dtype == jnp.float32 else 1e-15)
+
+
 @pytest.mark.parametrize("reg,p", REGULARIZERS)
 @given(data=st.data())
 @FAST

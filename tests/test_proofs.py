@@ -37,6 +37,7 @@ NAMES = [
     "pallas_bounded_iteration",
     "complement_form",
     "float_range",
+    "snap_to_entry",
 ]
 
 

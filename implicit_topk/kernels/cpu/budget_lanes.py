@@ -15,7 +15,9 @@ the rows, as the plain mask's lanes do (:mod:`~implicit_topk.kernels.cpu.native_
   per lane, by the per-row kernel's own code;
 * the mask: at :math:`(c, l^\star)` where :math:`l > l^\star` (the budget binds),
   else the plain mask at :math:`\max(\lambda, c)` (``shift`` the threshold, ``offset``
-  0), 0 at or below the cut.
+  0; :math:`\lambda` snapped to an entry as the plain kernel does,
+  :func:`~implicit_topk.kernels.cpu.native_threshold.snap_to_entry`), 0 at or below the
+  cut.
 
 A lane is taken where the plain mask's lanes take its row (finite entries, ``k`` in
 ``(0, 2]``, p = 4/3 or 2, rows of at most
@@ -34,7 +36,7 @@ from numba import njit
 from implicit_topk.kernels.cpu import native_lanes
 from implicit_topk.kernels.cpu.budget_row import _crossing_strength, _mask
 from implicit_topk.kernels.cpu.kinds import PNORM
-from implicit_topk.kernels.cpu.native_threshold import _OPTIONS
+from implicit_topk.kernels.cpu.native_threshold import _OPTIONS, snap_to_entry, within_snap
 
 #: The largest budget the lanes take.
 LARGEST_M = 4
@@ -106,6 +108,9 @@ def block_budget(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, shift, of
     cut[b] = c
     if lr > l_star:  # the budget binds: lambda' = c at the strength l*
       shift[b], offset[b], strength[b] = c, 0.0, l_star
-    else:  # the plain mask (its threshold at least the cut)
-      shift[b], offset[b], strength[b] = max(state[native_lanes.LAM, r], c), 0.0, lr
+    else:  # the plain mask (its threshold, snapped as the plain kernel does; at least the cut)
+      value, nearest = state[native_lanes.LAM, r], state[native_lanes.NEAREST, r]
+      if within_snap(value, nearest, lr, tol):
+        value, _ = snap_to_entry(x[b], n, value, nearest, lr, kr, PNORM, a, 0.0, tol)
+      shift[b], offset[b], strength[b] = max(value, c), 0.0, lr
   return taken

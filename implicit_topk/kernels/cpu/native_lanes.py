@@ -61,8 +61,8 @@ LANE_ROW = 16
 CANDIDATES = 16
 # the rows of the lanes' state array
 _TOP0, _TOP1, _TOP2, _BAD, _K, _L, _INV, _LO, _HI, LAM, _PREV = range(11)
-TOTAL, _SLOPE, _CURVE, _STATE, PASSES, _FRACTIONAL, _STEP = range(11, 18)
-STATE_ROWS = 18
+TOTAL, _SLOPE, _CURVE, _STATE, PASSES, _FRACTIONAL, _STEP, NEAREST = range(11, 19)
+STATE_ROWS = 19
 _SKIP, _ITERATING, _DONE = 0.0, 1.0, 2.0
 
 
@@ -167,7 +167,8 @@ def gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, ite
 @njit(**_OPTIONS)
 def _iterate(values, n, width, a, tol, state, iterating, work):
   """The lanes' Newton passes over ``values[:n]``, then the per-row iteration for the
-  lanes still iterating after :data:`LANE_PASSES` (on their column of ``values``)."""
+  lanes still iterating after :data:`LANE_PASSES` (on their column of ``values``); then
+  each lane's smallest entry above its threshold, into ``state[NEAREST]``."""
   active = 0
   for r in range(width):
     iterating[active] = r
@@ -184,6 +185,15 @@ def _iterate(values, n, width, a, tol, state, iterating, work):
     state[LAM, r], state[PASSES, r] = _newton(
         work, n, state[_K, r], state[_L, r], PNORM, a, state[_LO, r], state[_HI, r],
         state[LAM, r], tol, state[_PREV, r], int(state[PASSES, r]))
+  # each lane's smallest entry above its threshold (inf where none; the padding is
+  # -inf): the candidate of native_threshold.snap_candidate, for the caller's snap
+  nearest, lam = state[NEAREST], state[LAM]
+  for r in range(width):
+    nearest[r] = np.inf
+  for i in range(n):
+    for r in range(width):
+      v = values[i, r]
+      nearest[r] = min(nearest[r], v if v > lam[r] else np.inf)
 
 
 @njit(inline="always", **_OPTIONS)

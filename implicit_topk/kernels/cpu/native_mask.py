@@ -13,11 +13,13 @@ import numpy as np
 from numba import carray, njit
 
 from implicit_topk.kernels.cpu import abi, native_lanes, threads
-from implicit_topk.kernels.cpu.native_threshold import _OPTIONS, _solve_row
+from implicit_topk.kernels.cpu.native_threshold import (_OPTIONS, _all_finite, _solve_row,
+                                                        _write_mask, snap_candidate, snap_to_entry,
+                                                        within_snap)
 
 
 @njit(**_OPTIONS)
-def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
+def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift, lanes=True):
   """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
   the Newton passes into ``passes``, ``|sum(y) - k|`` (of ``y`` as stored) into
   ``residual`` and the origin of ``lam`` into ``shift`` (the row's largest finite
@@ -29,15 +31,18 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
   :func:`implicit_topk.solvers.float_range.scale_exponent`, from ``x`` and ``l``:
   the derivative kernels and :meth:`~implicit_topk.solvers.NativeSolver.run` find it
   again). Short router rows go through :mod:`~implicit_topk.kernels.cpu.native_lanes`
-  a block at a time, with the same results (never a row with ``E != 0``). Returns 0
-  (the status)."""
+  a block at a time, with the same results (never a row with ``E != 0``;
+  ``lanes=False``: none, as the tests compare). Every p-norm row's threshold is then
+  snapped to an entry sitting at it
+  (:func:`~implicit_topk.kernels.cpu.native_threshold.snap_to_entry`). Returns 0 (the
+  status)."""
   rows, n = x.shape
   work = np.empty(max(n, 1), np.float64)
   scratch = np.empty(max(n, 1), np.float64)
   guess = np.full(3, np.inf)  # the next row's distance to its cut; the gaps' mean, deviation
   tol = 4.0 * np.finfo(lam.dtype).eps
   root_eps = math.sqrt(np.finfo(lam.dtype).eps)
-  lanes = native_lanes.takes(kind, a, n)
+  lanes = native_lanes.takes(kind, a, n) if lanes else 0
   values, state, iterating = native_lanes.workspace(n if lanes else 1)
   for b0 in range(0, rows, native_lanes.BLOCK):
     width = min(native_lanes.BLOCK, rows - b0)
@@ -50,6 +55,12 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
                                                state, iterating, work)
     if lanes:
       native_lanes.write_results(x, k, b0, width, a, state, y, lam, passes, residual, shift)
+      for r in range(width):  # (a threshold a few ulps below an entry at it: that entry)
+        b = b0 + r
+        if (taken >> r) & 1 and within_snap(state[native_lanes.LAM, r],
+                                            state[native_lanes.NEAREST, r], float(l[b]), tol):
+          _snap(x[b], n, state[native_lanes.LAM, r], state[native_lanes.NEAREST, r],
+                float(l[b]), float(k[b]), kind, a, 0.0, tol, y[b], lam, residual, b)
     if taken == native_lanes.every_lane(width):
       continue
     for b in range(b0, b0 + width):
@@ -59,7 +70,21 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift):
       value, it, origin, residual[b] = _solve_row(x[b], n, kb, lb, kind, a, tol, root_eps,
                                                   work, scratch, guess, y[b])
       lam[b], passes[b], shift[b] = value, it, origin
+      nearest = snap_candidate(x[b], n, value, lb, kind, origin, tol)
+      if nearest == nearest:
+        _snap(x[b], n, value, nearest, lb, kb, kind, a, origin, tol, y[b], lam, residual, b)
   return 0
+
+
+@njit(**_OPTIONS)
+def _snap(row, n, value, nearest, lb, kb, kind, a, origin, tol, out, lam, residual, b):
+  """Row ``b``'s threshold ``value`` snapped to the entry ``nearest`` where
+  :func:`~implicit_topk.kernels.cpu.native_threshold.snap_to_entry` takes it: its mask
+  rewritten, its threshold and residual stored."""
+  value, moved = snap_to_entry(row, n, value, nearest, lb, kb, kind, a, origin, tol)
+  if moved:
+    total = _write_mask(row, n, value, lb, kind, a, origin, _all_finite(row, n), out)
+    lam[b], residual[b] = value, abs(total - kb)
 
 
 # -- the FFI handlers: (x (..., n), k (...), l (...)) with attributes a (float64) and
