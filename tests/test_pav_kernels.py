@@ -484,7 +484,7 @@ def test_general_p_medium_row_with_big_block():
                                   "pav_permutahedron", "radix_sort", "pav_ffi",
                                   "native_threshold", "native_mask", "native_lanes",
                                   "native_magnitude", "native_derivatives",
-                                  "abi", "kinds"])
+                                  "abi", "kinds", "ordered_bits"])
 def test_module_does_not_import_jax(name):
     import importlib
 

@@ -68,8 +68,9 @@ from numba import carray, njit, types
 from numba.extending import overload
 
 from implicit_topk.kernels.cpu import abi
-
 from implicit_topk.kernels.cpu.kinds import ENTROPY, KINDS, LAPLACE, PNORM, SIGMOID  # noqa: F401
+from implicit_topk.kernels.cpu.ordered_bits import smallest_above
+
 _SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quickselect
 _MAXITER = 200
 _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a sample
@@ -869,20 +870,30 @@ def snap_candidate(row, n, lam, l, kind, origin, tol):
   :math:`((x_j - \lambda)/l)^a` (7e-17 at p = 2) instead of the exact 0, one entry too
   many in the support. The candidate is the smallest entry :math:`v` above ``lam``
   where :math:`v - \lambda \le` ``tol`` :math:`\max(|\lambda|, l)` (the iteration's
-  own tolerance), for p-norm rows only (the others have no exact zeros). (Two calls
-  rather than one: an inlined function with early returns and a row of scratch cost
-  22 against 3.6 ns a row of 8; a row with NaN has a NaN threshold and no candidate.)"""
-  nearest = np.inf
-  for i in range(n):
-    v = max(row[i] - origin, _LOWEST)
-    nearest = min(nearest, v if v > lam else np.inf)
-  return nearest if kind == PNORM and within_snap(lam, nearest, l, tol) else np.nan
+  own tolerance), for finite p-norm thresholds only (the others have no exact zeros;
+  a row with NaN has a NaN threshold). Rows solved in their own coordinates (``origin
+  = 0``, nearly all) take the integer-key pass of
+  :func:`~implicit_topk.kernels.cpu.ordered_bits.smallest_above` (0.06 against 0.6
+  ns an entry); rows solved relative to their largest entry compare ``x - origin``.
+  (Two calls rather than one: an inlined function with early returns and a row of
+  scratch cost 22 against 3.6 ns a row of 8.)"""
+  if kind != PNORM or not abs(lam) < np.inf:
+    return np.nan
+  if origin == 0.0:
+    nearest = smallest_above(row, n, lam)
+  else:
+    nearest = np.inf
+    for i in range(n):
+      v = max(row[i] - origin, _LOWEST)
+      nearest = min(nearest, v if v > lam else np.inf)
+  return nearest if within_snap(lam, nearest, l, tol) else np.nan
 
 
 @njit(inline="always", **_OPTIONS)
 def within_snap(lam, nearest, l, tol):
   """Whether the entry ``nearest`` above the threshold ``lam`` lies within the
-  iteration's tolerance of it (False for an infinite or NaN ``lam``)."""
+  iteration's tolerance of it (False for a NaN ``lam`` or ``nearest``, and for
+  ``nearest = +inf``; the callers pass finite thresholds)."""
   return nearest - lam <= tol * max(abs(lam), l)
 
 
