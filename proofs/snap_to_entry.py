@@ -6,7 +6,8 @@ Checks, on random integer rows (every value exact in float32 and float64), p in
       the threshold (phi(x_j) = 0) with phi strictly decreasing there (an entry in
       (x_j, x_j + l)), so that the threshold is x_j and every entry at or below it has
       mass exactly 0;
-  (2) the library's default CPU mask (the native kernel, lanes and per-row rows) and the
+  (2) the library's default CPU mask (the native kernel, lanes and per-row rows), the
+      threshold, pav and fused GPU kernel (Pallas interpret mode) solvers, and the
       budgeted mask (max_support, where it does not bind) on those rows, float64 and
       float32: exactly 0 at every entry at or below x_j, the other masses the exact ones
       to rounding;
@@ -27,6 +28,9 @@ import numpy as np  # noqa: E402
 import _proofs_common as C  # noqa: E402
 
 EXPONENT = {2.0: 1, 1.5: 2, 4.0 / 3.0: 3}  # a = 1/(p-1)
+# the default (the native CPU kernel here), the pure-JAX iteration, PAV, the GPU kernel's
+# program (Pallas interpret mode on this CPU)
+SOLVERS = ("auto", "threshold", "pav", "pallas")
 
 
 def exact_mask(x, lam, l, a):
@@ -68,7 +72,8 @@ def main():
         at_or_below = np.array(x, dtype=float) <= float(lam)
         for dtype, tol in ((jnp.float64, 1e-12), (jnp.float32, 1e-6)):
             xs = jnp.asarray([x], dtype)
-            got = [itk.soft_topk_mask(xs, float(k), regularization_strength=float(l), p=p)]
+            got = [itk.soft_topk_mask(xs, float(k), regularization_strength=float(l), p=p,
+                                      solver=solver) for solver in SOLVERS]
             m = int(np.sum(np.array(x) > float(lam)))  # the support; a budget above it never binds
             if float(k) < m < len(x) - 1:
                 got.append(itk.soft_topk_mask(xs, float(k), regularization_strength=float(l), p=p,
@@ -80,7 +85,8 @@ def main():
                         f"threshold {lam}: {y[at_or_below]}")
                 C.check(np.max(np.abs(y - want)) <= tol, f"x={x} k={k} l={l} p={p}: {y} vs {want}")
                 checked += 1
-    print(f"  (2) {checked} masks (default and budgeted, float64 and float32): exact zeros")
+    print(f"  (2) {checked} masks (the four solvers and the budgeted mask, float64 and float32): "
+          "exact zeros")
     for _ in range(200):
         x = rng.normal(size=8)
         k, l, p = float(rng.choice([0.5, 1.0, 2.0])), float(rng.uniform(0.2, 3.0)), 2.0

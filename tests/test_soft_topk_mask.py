@@ -120,6 +120,40 @@ def test_solution_is_exactly_sparse_and_exactly_one_at_the_top():
     assert np.array_equal(np.asarray(y), [0.0, 0.0, 1.0, 1.0])
 
 
+# Integer rows whose threshold is one of their entries (proofs/snap_to_entry.md), exact
+# rational arithmetic by hand: (row, k, l, p, threshold). [1,-4,2,0,0,1,2,-3], lam = 0,
+# p = 2: 1/4 + 2/4 + 1/4 + 2/4 = 3/2. [0,1,-4,0,0,0,-2,-1], lam = -1, p = 4/3 (a = 3):
+# four zeros at (1/2)^3, the 1 at 1: 3/2. [3,-2,-2,-2,0,1,3,0,-4,-2,4,2,-2,-1,0,-4],
+# lam = 1, p = 3/2 (a = 2): 2 (2/3)^2 + 1 + (1/3)^2 = 2. Before the snap, `threshold`
+# (and the fused GPU kernel, the same iteration) left 1e-17..1e-8 at the entries at lam.
+ENTRY_AT_THRESHOLD = [
+    ([1, -4, 2, 0, 0, 1, 2, -3], 1.5, 4.0, 2.0, 0),
+    ([0, 1, -4, 0, 0, 0, -2, -1], 1.5, 2.0, 4.0 / 3.0, -1),
+    ([3, -2, -2, -2, 0, 1, 3, 0, -4, -2, 4, 2, -2, -1, 0, -4], 2.0, 3.0, 1.5, 1),
+]
+
+
+@pytest.mark.parametrize("solver", ["threshold", "pallas", *_slow("pav")])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_an_entry_at_the_threshold_gets_exactly_zero(solver, dtype):
+  from fractions import Fraction
+  for row, k, l, p, lam in ENTRY_AT_THRESHOLD:
+    a = round(1 / (p - 1))
+    exact = [min(max(Fraction(v - lam) / Fraction(l), 0), 1) ** a for v in row]
+    assert sum(exact) == Fraction(k)  # the threshold is the entry lam
+    want = np.array([float(v) for v in exact])
+    y = np.asarray(itk.soft_topk_mask(jnp.asarray([row], dtype), k, regularization_strength=l,
+                                      p=p, solver=solver), np.float64)[0]
+    np.testing.assert_array_equal(y == 0, want == 0, err_msg=f"{row} {solver}")
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-6 if dtype == jnp.float32 else 1e-14)
+  # the first row twice, as two segments of one flat axis (the segments' layout)
+  flat = np.concatenate([np.asarray(r, float) for r, *_ in ENTRY_AT_THRESHOLD[:1] * 2])
+  ids = np.repeat([0, 1], 8)
+  y = itk.segment_soft_topk_mask(jnp.asarray(flat, dtype), jnp.asarray(ids), 1.5,
+                                 num_segments=2, regularization_strength=4.0, p=2.0)
+  assert np.array_equal(np.asarray(y) > 0, np.tile(np.asarray(ENTRY_AT_THRESHOLD[0][0]) > 0, 2))
+
+
 # -- derivatives ------------------------------------------------------------------
 
 
