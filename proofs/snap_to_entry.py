@@ -12,7 +12,10 @@ Checks, on random integer rows (every value exact in float32 and float64), p in
       float32: exactly 0 at every entry at or below x_j, the other masses the exact ones
       to rounding;
   (3) continuous rows (no entry at the threshold): the default mask matches Brent's
-      threshold to 1e-12, so the snap moves nothing it should not.
+      threshold to 1e-12, so the snap moves nothing it should not;
+  (4) the top-k in magnitude on integer rows with a magnitude |x_j| at its threshold
+      (exact rationals): exactly 0 at every |x_i| <= |x_j| and the exact outputs
+      elsewhere, for the four solvers, float64 and float32.
 """
 
 import os
@@ -44,6 +47,25 @@ def entry_at_threshold(x, k, l, a):
         if sum(exact_mask(x, lam, l, a)) == k and any(lam < w < lam + l for w in x):
             return lam
     return None
+
+
+def magnitude_cases(rng, count):
+    """Integer rows of the top-k in magnitude whose threshold is one of their magnitudes:
+    F(s_j) = sum_i min(s_j, g((s_i - s_j)_+ / l)) - k s_j = 0 exactly, some magnitude above."""
+    cases = []
+    while len(cases) < count:
+        n = int(rng.choice([4, 6, 8, 12]))
+        x = [int(v) for v in rng.integers(-6, 7, size=n)]
+        k = Fraction(int(rng.integers(1, 2 * n - 1)), 2)
+        l = Fraction(int(rng.integers(1, 5)), 2)
+        p = float(rng.choice(list(EXPONENT)))
+        s = [Fraction(abs(v)) for v in x]
+        for v in sorted(set(s)):
+            total = sum(min(v, (max(w - v, Fraction(0)) / l) ** EXPONENT[p]) for w in s)
+            if v > 0 and total == k * v and any(v < w for w in s):
+                cases.append((x, k, l, p, v))
+                break
+    return cases
 
 
 def main():
@@ -94,6 +116,25 @@ def main():
         y = C.lib_mask(itk, x[None], k, l, p)[0]
         C.check(np.max(np.abs(y - ref)) <= 1e-12, f"continuous row moved: {x}, {y} vs {ref}")
     print("  (3) 200 continuous rows: the default mask within 1e-12 of Brent's")
+    checked = 0
+    for x, k, l, p, lam in magnitude_cases(rng, 120):
+        a = EXPONENT[p]
+        t = [max(Fraction(abs(v)) - lam, Fraction(0)) for v in x]
+        want = np.array([float(np.sign(v) * min(abs(v), u + (u / l) ** a)) for v, u in zip(x, t)])
+        at_or_below = np.abs(np.array(x, dtype=float)) <= float(lam)
+        for solver in SOLVERS:
+            for dtype, tol in ((jnp.float64, 1e-12), (jnp.float32, 1e-5)):
+                y = np.asarray(itk.soft_topk_mag(jnp.asarray([x], dtype), float(k),
+                                                 regularization_strength=float(l), p=p,
+                                                 solver=solver), np.float64)[0]
+                C.check(np.all(y[at_or_below] == 0.0),
+                        f"magnitude x={x} k={k} l={l} p={p} {solver} {dtype.__name__}: nonzero "
+                        f"output at or below the threshold {lam}: {y[at_or_below]}")
+                C.check(np.max(np.abs(y - want)) <= tol * max(1.0, np.max(np.abs(want))),
+                        f"magnitude x={x} k={k} l={l} p={p} {solver}: {y} vs {want}")
+                checked += 1
+    print(f"  (4) {checked} outputs of the top-k in magnitude with a magnitude at the threshold "
+          "(the four solvers, float64 and float32): exact zeros")
     print("snap_to_entry: OK")
 
 

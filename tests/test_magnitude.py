@@ -277,6 +277,37 @@ def test_kept_entries_have_unit_derivative_and_dropped_zero():
   np.testing.assert_array_equal(jac, np.diag([1.0, 0, 1, 0, 1]))
 
 
+# Integer rows whose threshold is one of their magnitudes (proofs/snap_to_entry.md),
+# F(lam) = sum_i min(lam, g((s_i - lam)_+ / l)) - k lam = 0 by hand: (row, k, l, p, lam).
+# [0,-3,5,-6,-1,-2,-2,4,-2,-6,4,-1], p = 2: 1/2 + 3/2 + 2 + 1 + 2 + 1 = 8 = 4 * 2.
+# [4,-4,-1,-1,4,0,-2,5], p = 2: 3 * 4/3 + 2 = 6 = 3 * 2. [6,-5,-5,-5,3,2,3,-2,1,2,5,2],
+# p = 4/3 (g(u) = u^3): 1 + 4 + 2 + 4/8 = 15/2. [3,-4,2,-2,-1,-4], p = 3/2 (g(u) = u^2):
+# 1 + 2 + 2/4 = 7/2. Before the snap each left 1e-16..1e-7 at a magnitude at lam under one
+# of threshold, pav, the GPU kernel or the default.
+MAGNITUDE_AT_THRESHOLD = [
+    ([0, -3, 5, -6, -1, -2, -2, 4, -2, -6, 4, -1], 4.0, 2.0, 2.0, 2),
+    ([4, -4, -1, -1, 4, 0, -2, 5], 3.0, 1.5, 2.0, 2),
+    ([6, -5, -5, -5, 3, 2, 3, -2, 1, 2, 5, 2], 7.5, 2.0, 4.0 / 3.0, 1),
+    ([3, -4, 2, -2, -1, -4], 3.5, 2.0, 1.5, 1),
+]
+
+
+@pytest.mark.parametrize("solver", ["auto", "threshold", "pallas", pytest.param("pav", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_a_magnitude_at_the_threshold_gets_exactly_zero(solver, dtype):
+  from fractions import Fraction
+  for row, k, l, p, lam in MAGNITUDE_AT_THRESHOLD:
+    a = round(1 / (p - 1))
+    t = [max(Fraction(abs(v) - lam), 0) for v in row]
+    assert sum(min(Fraction(lam), (u / Fraction(l)) ** a) for u in t) == Fraction(k) * lam
+    want = np.array([float(np.sign(v) * min(abs(v), u + (u / Fraction(l)) ** a))
+                     for v, u in zip(row, t)])
+    y = np.asarray(itk.soft_topk_mag(jnp.asarray([row], dtype), k, regularization_strength=l,
+                                     p=p, solver=solver), np.float64)[0]
+    np.testing.assert_array_equal(y == 0, want == 0, err_msg=f"{row} {solver}")
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 if dtype == jnp.float32 else 1e-13)
+
+
 # -- properties (hypothesis, float64) ---------------------------------------------------
 
 # magnitudes 0 or >= 1e-3: with |x_i| ~ 1e-277 the exact threshold (~|x_i|^3 for p = 4/3)

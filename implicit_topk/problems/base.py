@@ -15,8 +15,9 @@ problem only reduces through it. ``k``, ``l`` and ``lam`` have the layout's row 
 * ``bracket(x, k, l) -> Bracket``: ``lo <= root <= hi`` and the rows whose answer is
   known without iterating (non-finite entries, saturated rows, no solution: NaN).
 * ``initial_guess(x, k, l, bracket)``: a start inside the bracket, without any sort.
-* ``snap(lam, x, k, l, known)``: moves ``lam`` into the interior of the flat root
-  interval where the solution is binary (else returns it unchanged).
+* ``snap(lam, x, k, l, known)``: moves ``lam`` onto an entry sitting at the root
+  (:func:`snap_to_entry`) and into the interior of the flat root interval where the
+  solution is binary (else returns it unchanged).
 * ``step_scale(lam, l)``, ``residual_scale(lam, k)``, ``geometric``: the Newton
   solver's stopping scales, and whether to bisect geometrically.
 * ``host_threshold(kernels, x, k, l)`` (optional): the exact threshold from the numba
@@ -36,6 +37,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class Bracket(NamedTuple):
@@ -122,6 +124,32 @@ def midpoint(a, b):
   (``0.5 * a + 0.5 * b`` is not enough: XLA refactors it into ``0.5 * (a + b)``.)"""
   same_sign = (a >= 0) == (b >= 0)
   return jnp.where(same_sign, a + 0.5 * (b - a), 0.5 * (a + b))
+
+
+def snap_to_entry(problem, lam, values, x, k, l, known, *, step_scale, unit=1.0):
+  r"""``lam`` moved onto the entry just above it where an entry sits at the root
+  (``proofs/snap_to_entry.md``): a problem's ``snap`` calls it first.
+
+  ``values`` are the entries in the threshold's units, zero output at ``values <= lam``
+  (the mask's :math:`x_i - l z_0`, the magnitude's :math:`|x_i|`). With :math:`v` the
+  smallest of them above ``lam`` and :math:`\mathrm{tol} = 4\epsilon` (the iteration's
+  step tolerance), :math:`v` replaces ``lam`` where :math:`v - \lambda \le \mathrm{tol}`
+  ``step_scale`` and :math:`|\phi(v)| \le \max(|\phi(\lambda)|,\ n\,\mathrm{tol}\max(k,
+  1)` ``unit``:math:`)`, :math:`n` the entries above ``lam`` (the rounding of the sum;
+  ``unit`` is :math:`\phi`'s unit). Rows in ``known`` and non-finite thresholds are
+  kept. Two fused reductions over the row and two evaluations of :math:`\phi`."""
+  L = problem.layout
+  dtype = L.dtype(x)
+  tol = 4 * float(np.finfo(dtype).eps)
+  above = L.map(lambda v, t: v > t, values, L.expand(lam, x))
+  nearest = L.min(L.map(lambda v, a: jnp.where(a, v, jnp.inf), values, above))
+  count = L.count(above, dtype)
+  near = (nearest - lam <= tol * step_scale) & jnp.isfinite(lam) & ~known
+  candidate = jnp.where(near, nearest, lam)
+  here = jnp.abs(problem.optimality(lam, x, k, l))
+  there = jnp.abs(problem.optimality(candidate, x, k, l))
+  closer = there <= jnp.maximum(here, count * tol * jnp.maximum(k, 1) * unit)
+  return jnp.where(near & closer, candidate, lam)
 
 
 #: Distinct top values :func:`top_order_statistics` reads (enough for k <= 2).

@@ -27,8 +27,8 @@ import numpy as np
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
-from implicit_topk.problems.base import (Bracket, finite_moments, midpoint, top_order_statistics,
-                                         upper_quantile_of_normal)
+from implicit_topk.problems.base import (Bracket, finite_moments, midpoint, snap_to_entry,
+                                         top_order_statistics, upper_quantile_of_normal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,10 +298,11 @@ class CappedSimplex:
     z0, z1 = self.regularizer.saturation
     if not np.isfinite(z0):
       return lam
-    lam = self._snap_to_entry(lam, x, k, l, known, z0)
+    L = self.layout
+    lam = snap_to_entry(self, lam, L.map(lambda v, s: v - s * z0, x, L.expand(l, x)), x, k, l,
+                        known, step_scale=jnp.maximum(jnp.abs(lam), l))
     if not np.isfinite(z1):
       return lam
-    L = self.layout
     dtype = L.dtype(x)
     top = L.map(lambda v, lam_, l_: v - lam_ > 0.5 * (z0 + z1) * l_,
                 x, L.expand(lam, x), L.expand(l, x))
@@ -310,23 +311,6 @@ class CappedSimplex:
     b = L.min(L.map(lambda v, t: jnp.where(t, v, jnp.inf), x, top)) - l * z1
     binary = (count == k) & (a <= b) & jnp.isfinite(a) & jnp.isfinite(b) & ~known
     return jnp.where(binary, midpoint(a, b), lam)
-
-  def _snap_to_entry(self, lam, x, k, l, known, z0):
-    """:meth:`snap`'s first step: ``lam`` moved onto the entry just above it (less
-    ``l z0``) where that lies within the step tolerance and sums to ``k`` as closely."""
-    L = self.layout
-    dtype = L.dtype(x)
-    tol = 4 * float(np.finfo(dtype).eps)  # the iteration's step tolerance
-    lam_, l_ = L.expand(lam, x), L.expand(l, x)
-    above = L.map(lambda v, t, s: v - s * z0 > t, x, lam_, l_)
-    nearest = L.min(L.map(lambda v, a: jnp.where(a, v, jnp.inf), x, above)) - l * z0
-    count = L.count(above, dtype)
-    near = (nearest - lam <= tol * jnp.maximum(jnp.abs(lam), l)) & jnp.isfinite(lam) & ~known
-    candidate = jnp.where(near, nearest, lam)
-    here = jnp.abs(self.optimality(lam, x, k, l))
-    there = jnp.abs(self.optimality(candidate, x, k, l))
-    closer = there <= jnp.maximum(here, count * tol * jnp.maximum(k, 1))
-    return jnp.where(near & closer, candidate, lam)
 
   # -- solver-specific pieces ------------------------------------------------------
   def supports(self, solver_name: str) -> None:

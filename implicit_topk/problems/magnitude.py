@@ -30,8 +30,8 @@ import numpy as np
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
-from implicit_topk.problems.base import (Bracket, midpoint, top_order_statistics,
-                                         upper_quantile_of_normal)
+from implicit_topk.problems.base import (Bracket, midpoint, snap_to_entry,
+                                         top_order_statistics, upper_quantile_of_normal)
 from implicit_topk.problems.capped_simplex import _check_sortable
 
 _BISECT_STEPS = 64  # scalar bisection steps for h^{-1} when snapping binary rows
@@ -203,7 +203,13 @@ class Magnitude:
     return jnp.where(inside, guess, midpoint(bracket.lo, bracket.hi))
 
   def snap(self, lam, x, k, l, known):
-    r"""Moves ``lam`` into the interior of the flat root interval of a binary solution.
+    r"""Moves ``lam`` onto a magnitude sitting at the root, then into the interior of
+    the flat root interval of a binary solution.
+
+    A magnitude :math:`s_j = \lambda^\star` has the exact output 0, but an iteration
+    that stops a few ulps below leaves it about :math:`s_j - \hat\lambda`: the smallest
+    magnitude above :math:`\hat\lambda` replaces it where it lies within 4 ulps of it
+    and sums as closely (:func:`~implicit_topk.problems.base.snap_to_entry`).
 
     With integer ``k``, the top set ``S`` (here: entries more than half saturated),
     :math:`A = \max_{i \notin S} s_i` and :math:`h(A) < \min_{i \in S} s_i`, every
@@ -215,6 +221,7 @@ class Magnitude:
     L = self.layout
     dtype = L.dtype(x)
     s = L.map(jnp.abs, x)
+    lam = snap_to_entry(self, lam, s, x, k, l, known, step_scale=lam, unit=_scale(lam) * lam)
     top = L.map(lambda v, lam_, l_: self._link(_excess(lam_, v), l_) > 0.5 * lam_,
                 s, L.expand(lam, x), L.expand(l, x))
     count = L.count(top, dtype)
