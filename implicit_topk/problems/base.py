@@ -126,6 +126,19 @@ def midpoint(a, b):
   return jnp.where(same_sign, a + 0.5 * (b - a), 0.5 * (a + b))
 
 
+def entry_above(layout, lam, values, x, known, step_scale):
+  r"""``(near, nearest, count)`` of :func:`snap_to_entry`: per row the smallest of
+  ``values`` above ``lam``, whether it lies within the step tolerance (:math:`4\epsilon`
+  ``step_scale``; not for rows in ``known`` or a non-finite ``lam``), and the count of
+  ``values`` above ``lam``. One fused reduction over the row."""
+  L = layout
+  tol = 4 * float(np.finfo(L.dtype(x)).eps)
+  above = L.map(lambda v, t: v > t, values, L.expand(lam, x))
+  nearest = L.min(L.map(lambda v, a: jnp.where(a, v, jnp.inf), values, above))
+  near = (nearest - lam <= tol * step_scale) & jnp.isfinite(lam) & ~known
+  return near, nearest, L.count(above, L.dtype(x))
+
+
 def snap_to_entry(problem, lam, values, x, k, l, known, *, step_scale, unit=1.0):
   r"""``lam`` moved onto the entry just above it where an entry sits at the root
   (``proofs/snap_to_entry.md``): a problem's ``snap`` calls it first.
@@ -138,13 +151,8 @@ def snap_to_entry(problem, lam, values, x, k, l, known, *, step_scale, unit=1.0)
   1)` ``unit``:math:`)`, :math:`n` the entries above ``lam`` (the rounding of the sum;
   ``unit`` is :math:`\phi`'s unit). Rows in ``known`` and non-finite thresholds are
   kept. Two fused reductions over the row and two evaluations of :math:`\phi`."""
-  L = problem.layout
-  dtype = L.dtype(x)
-  tol = 4 * float(np.finfo(dtype).eps)
-  above = L.map(lambda v, t: v > t, values, L.expand(lam, x))
-  nearest = L.min(L.map(lambda v, a: jnp.where(a, v, jnp.inf), values, above))
-  count = L.count(above, dtype)
-  near = (nearest - lam <= tol * step_scale) & jnp.isfinite(lam) & ~known
+  near, nearest, count = entry_above(problem.layout, lam, values, x, known, step_scale)
+  tol = 4 * float(np.finfo(problem.layout.dtype(x)).eps)
   candidate = jnp.where(near, nearest, lam)
   here = jnp.abs(problem.optimality(lam, x, k, l))
   there = jnp.abs(problem.optimality(candidate, x, k, l))

@@ -30,7 +30,7 @@ import numpy as np
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
-from implicit_topk.problems.base import (Bracket, midpoint, snap_to_entry,
+from implicit_topk.problems.base import (Bracket, entry_above, midpoint, snap_to_entry,
                                          top_order_statistics, upper_quantile_of_normal)
 from implicit_topk.problems.capped_simplex import _check_sortable
 
@@ -218,19 +218,9 @@ class Magnitude:
     (leaving 1e-17 for an exact 0): return :math:`(A + B)/2` instead, with ``B`` from a
     scalar bisection on the increasing ``h``. Other rows keep ``lam``.
     """
-    L = self.layout
-    dtype = L.dtype(x)
-    s = L.map(jnp.abs, x)
-    lam = snap_to_entry(self, lam, s, x, k, l, known, step_scale=lam, unit=_scale(lam) * lam)
-    top = L.map(lambda v, lam_, l_: self._link(_excess(lam_, v), l_) > 0.5 * lam_,
-                s, L.expand(lam, x), L.expand(l, x))
-    count = L.count(top, dtype)
-    A = L.max(L.map(lambda v, t: jnp.where(t, -jnp.inf, v), s, top))
-    top_min = L.min(L.map(lambda v, t: jnp.where(t, v, jnp.inf), s, top))
-    ok = jnp.isfinite(A) & jnp.isfinite(top_min) & (A > 0)
-    A = jnp.where(ok, A, 1)
-    top_min = jnp.where(ok, top_min, 2)
-    binary = ok & (count == k) & (self._h(A, l) < top_min) & ~known
+    lam = snap_to_entry(self, lam, self.layout.map(jnp.abs, x), x, k, l, known, step_scale=lam,
+                        unit=_scale(lam) * lam)
+    binary, A, top_min = self._binary_rows(lam, x, k, l, known)
 
     def bisect(_, bounds):
       lo, hi = bounds
@@ -240,6 +230,31 @@ class Magnitude:
 
     B, _ = jax.lax.fori_loop(0, _BISECT_STEPS, bisect, (A, top_min))
     return jnp.where(binary, midpoint(A, B), lam)  # A + B can overflow
+
+  def _binary_rows(self, lam, x, k, l, known):
+    """``(binary, A, min_S s)`` of :meth:`snap` (``A`` and ``min_S s`` set to 1 and 2
+    where they are not finite and positive): one fused reduction over the row."""
+    L = self.layout
+    s = L.map(jnp.abs, x)
+    top = L.map(lambda v, lam_, l_: self._link(_excess(lam_, v), l_) > 0.5 * lam_,
+                s, L.expand(lam, x), L.expand(l, x))
+    count = L.count(top, L.dtype(x))
+    A = L.max(L.map(lambda v, t: jnp.where(t, -jnp.inf, v), s, top))
+    top_min = L.min(L.map(lambda v, t: jnp.where(t, v, jnp.inf), s, top))
+    ok = jnp.isfinite(A) & jnp.isfinite(top_min) & (A > 0)
+    A = jnp.where(ok, A, 1)
+    top_min = jnp.where(ok, top_min, 2)
+    return ok & (count == k) & (self._h(A, l) < top_min) & ~known, A, top_min
+
+  def _snap_moves_a_row(self, lam, x, k, l, known):
+    """Whether :meth:`snap` can move any row's ``lam``: a magnitude within the step
+    tolerance above it, or a binary row whose ``lam`` is not strictly inside its flat
+    root interval (:math:`A < \lambda` and :math:`h(\lambda) < \min_S s`). Two fused
+    reductions, no bisection."""
+    near, _, _ = entry_above(self.layout, lam, self.layout.map(jnp.abs, x), x, known, lam)
+    binary, A, top_min = self._binary_rows(lam, x, k, l, known)
+    inside = (A < lam) & (self._h(lam, l) < top_min)
+    return jnp.any(near | (binary & ~inside))
 
   # -- solver-specific pieces ------------------------------------------------------
   def supports(self, solver_name: str) -> None:
@@ -260,8 +275,14 @@ class Magnitude:
     lam, passes, _ = native_calls.magnitude_kernel(x, k, l, self.p)
     # As the PAV and Newton solvers: a binary row's threshold moves into its flat root
     # interval. Near the float maximum F is flat to rounding on either side of the
-    # interval's end (1e264 against 1e307), so the iteration can stop an ulp outside it.
-    lam = self.snap(lam, x, k, l, self.bracket(x, k, l).known)
+    # interval's end (1e264 against 1e307), so the iteration can stop an ulp outside it;
+    # a magnitude at the threshold gets it. The kernel already returns binary rows'
+    # thresholds inside their interval, so the snap (its scalar bisection: 18-43% of the
+    # operator) runs only where it can move a row. A CPU-only path: the cond costs no
+    # host round trip as on XLA:GPU (under vmap it becomes a select, the snap as before).
+    known = self.bracket(x, k, l).known
+    lam = jax.lax.cond(self._snap_moves_a_row(lam, x, k, l, known),
+                       lambda lam: self.snap(lam, x, k, l, known), lambda lam: lam, lam)
     return lam, passes
 
   def pav_threshold(self, x, k, l):
