@@ -281,11 +281,12 @@ class CappedSimplex:
     where it lies within the iteration's step tolerance (4 ulps of
     :math:`\max(|\hat\lambda|, l)`) and :math:`|\phi|` there is at most
     :math:`|\phi(\hat\lambda)|` or the rounding of the sum (:math:`n\,\mathrm{tol}
-    \max(k, 1)`, :math:`n` the entries above :math:`\hat\lambda`): two more
-    reductions, fused with the binary test's.
+    \max(k, 1)`, :math:`n` the entries above :math:`\hat\lambda`;
+    :func:`~implicit_topk.problems.base.snap_to_entry`: one fused reduction and two
+    evaluations of :math:`\phi`).
 
-    *Binary rows*: with integer ``k`` and a gap wider than the saturation interval between the k-th
-    and (k+1)-th largest entries, :math:`\phi` is zero on a whole interval
+    *Binary rows*: with integer ``k`` and a gap wider than the saturation interval
+    between the k-th and (k+1)-th largest entries, :math:`\phi` is zero on a whole interval
     :math:`[A, B]`, :math:`A = \max_{i \notin S} x_i - l z_0`,
     :math:`B = \min_{i \in S} x_i - l z_1` (``S`` the top-k set), and the solution is
     the exact 0/1 mask. An iteration that stops where ``phi`` rounds to 0 can land a
