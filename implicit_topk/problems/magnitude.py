@@ -247,7 +247,7 @@ class Magnitude:
     return ok & (count == k) & (self._h(A, l) < top_min) & ~known, A, top_min
 
   def _snap_moves_a_row(self, lam, x, k, l, known):
-    """Whether :meth:`snap` can move any row's ``lam``: a magnitude within the step
+    r"""Whether :meth:`snap` can move any row's ``lam``: a magnitude within the step
     tolerance above it, or a binary row whose ``lam`` is not strictly inside its flat
     root interval (:math:`A < \lambda` and :math:`h(\lambda) < \min_S s`). Two fused
     reductions, no bisection."""
