@@ -860,7 +860,7 @@ def _write_mask_of(row, n, lam, l, kind, a, origin, finite, out):
   return total
 
 
-@njit(cache=True, error_model="numpy", fastmath={"nnan", "nsz", "reassoc"})
+@njit(**_OPTIONS)
 def snap_candidate(row, n, lam, l, kind, origin, tol):
   r"""The entry a threshold ``lam`` (relative to ``origin``) may snap to, or NaN: one
   vectorized pass a row, then :func:`snap_to_entry` where it is not NaN.
@@ -874,8 +874,9 @@ def snap_candidate(row, n, lam, l, kind, origin, tol):
   a row with NaN has a NaN threshold). Rows solved in their own coordinates (``origin
   = 0``, nearly all) take the integer-key pass of
   :func:`~implicit_topk.kernels.cpu.ordered_bits.smallest_above` (0.06 against 0.6
-  ns an entry); rows solved relative to their largest entry compare ``x - origin``.
-  (Two calls rather than one: an inlined function with early returns and a row of
+  ns an entry); rows solved relative to their largest entry compare ``x - origin``
+  (rare; numba's float ``min`` stays scalar whatever the fast-math flags, so none are
+  set: a NaN threshold must read as NaN). (Two calls rather than one: an inlined function with early returns and a row of
   scratch cost 22 against 3.6 ns a row of 8.)"""
   if kind != PNORM or not abs(lam) < np.inf:
     return np.nan
