@@ -157,7 +157,8 @@ def test_magnitude_threaded_equals_serial_to_the_bit(limit, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_budget_threaded_equals_serial_to_the_bit(limit, dtype):
   # the budget kernel (mask and per-row results), then its derivative kernels (the rule
-  # PINNED: rows that bind at l = 2, rows that do not at l = 0.05)
+  # PINNED: rows that bind at l = 2, rows that do not at l = 0.05; blocks of longer rows
+  # whose first rows bind, and blocks whose first rows do not, tried as the plain mask)
   from implicit_topk import support_budget
   name = registry.target("budget", dtype)
   registry.ensure(name)
@@ -169,7 +170,9 @@ def test_budget_threaded_equals_serial_to_the_bit(limit, dtype):
       budget = jax.jit(lambda x, k, l: ffi.call(name, (full,) + (row,) * 4, x, k, l,
                                                 a=np.float64(3.0), m=np.int32(4)))
       k = np.full(rows, 1.5, dtype)
-      l = np.where(np.arange(rows) % 2 == 0, 2.0, 0.05).astype(dtype)
+      index = np.arange(rows)  # (odd blocks of 64 rows: one row in 7 binds)
+      binding = np.where(index // 64 % 2 == 0, index % 2 == 0, index % 7 == 3)
+      l = np.where(binding, 2.0, 0.05).astype(dtype)
       serial, threaded = _serial_and_threaded(limit, budget, x, k, l)
       assert serial == threaded, (rows, n)
       _, lam, shift, strength, pin = support_budget._kernel_operator(4, 3.0)(x, k, l)

@@ -435,11 +435,15 @@ def _kernel_and_jax(x, k, l, m, a, solve_dtype=None):
 
 def _assert_same_solution(kernel, jax_path, ulps, eps):
   """Same cut and NaN rows; strengths and thresholds (in units of the strength) equal to
-  ``ulps`` units of ``eps``."""
+  ``ulps`` units of ``eps``. A row the kernel solved as the plain mask (longer router
+  rows where the budget does not bind) reports the cut ``-inf``: there the JAX path's
+  strength must be the plain one too."""
   (s1, o1, t1, c1), (s2, o2, t2, c2) = kernel, jax_path
   np.testing.assert_array_equal(np.isnan(t1), np.isnan(t2))
   ok = ~np.isnan(t2)
-  np.testing.assert_array_equal(c1[ok], c2[ok])
+  plain = ok & np.isneginf(c1) & ~np.isneginf(c2)
+  np.testing.assert_array_equal(t2[plain], t1[plain])
+  np.testing.assert_array_equal(c1[ok & ~plain], c2[ok & ~plain])
   np.testing.assert_allclose(t1[ok], t2[ok], rtol=ulps * eps, atol=0)
   # lambda' = shift + l' offset, in units of l': (shift1 - shift2) / l' + offset1 - offset2
   with np.errstate(invalid="ignore"):
@@ -512,19 +516,22 @@ def _router_rows(n, m, seed, rows=150):
   x[5::27, -1] = np.nan
   x[6::18] += 1e7
   k[7::18] = np.where(m > 3, 2.5, 0.0)
+  l[:2] = 0.05  # (longer rows: a first block whose first rows do not bind)
   return x, k, l
 
 
 @pytest.mark.parametrize("a", [3, 1])
-@pytest.mark.parametrize("n,m", [(8, 3), (16, 4), (5, 1), pytest.param(8, 2, marks=slow),
-                                 pytest.param(3, 2, marks=slow)])
+@pytest.mark.parametrize("n,m", [(8, 3), (16, 4), (5, 1), (64, 4), (40, 6),
+                                 pytest.param(8, 2, marks=slow), pytest.param(3, 2, marks=slow),
+                                 pytest.param(512, 3, marks=slow)])
 def test_router_rows_through_the_kernels_lanes(n, m, a):
   """Rows of at most 16 entries with ``m <= 4`` go through the budget kernel's lanes
-  (``kernels/cpu/budget_lanes.py``) where they can. Against the independent reference
-  (the mask, with the bound where no tie applies) and the JAX path: the same cut and
-  strength, and the same threshold where the mask is not binary (a binary mask's
-  threshold is any point of a flat interval: the lanes take its middle, as the plain
-  mask does)."""
+  (``kernels/cpu/budget_lanes.py``) where they can; longer router rows, in blocks whose
+  first rows do not bind, first as the plain mask (``budget_kernel.plain_block``).
+  Against the independent reference (the mask, with the bound where no tie applies) and
+  the JAX path: the same cut (where the kernel reports one) and strength, and the same
+  threshold where the mask is not binary (a binary mask's threshold is any point of a
+  flat interval: the lanes take its middle, as the plain mask does)."""
   from implicit_topk import regularizers, support_budget
   p = 1.0 + 1.0 / a
   x, k, l = _router_rows(n, m, seed=10 * n + m)
@@ -548,7 +555,9 @@ def test_router_rows_through_the_kernels_lanes(n, m, a):
     fractional = np.any((want > 1e-6) & (want < 1 - 1e-6), axis=-1)
     _assert_same_solution([np.where(fractional, v, w) for v, w in zip(kernel, jax_path)],
                           jax_path, ulps, np.finfo(dtype).eps)
-    np.testing.assert_array_equal(kernel[3][fractional], jax_path[3][fractional])
+    plain = np.isneginf(kernel[3]) & ~np.isneginf(jax_path[3])  # solved as the plain mask
+    assert np.any(plain) == (n > 16), np.sum(plain)
+    np.testing.assert_array_equal(kernel[3][fractional & ~plain], jax_path[3][fractional & ~plain])
     np.testing.assert_allclose(kernel[2], jax_path[2], rtol=ulps * np.finfo(dtype).eps)
 
 

@@ -28,42 +28,118 @@ from implicit_topk.kernels.cpu.budget_row import (_entries, _largest, _solve, _w
 from implicit_topk.kernels.cpu.native_derivatives import (CUBIC, GENERAL, LINEAR, PINNED,
                                                           _cotangent_block, _cotangent_call,
                                                           _tangent_block, _tangent_call)
+from implicit_topk.kernels.cpu.native_threshold import (PNORM, _write_finite_mask, snap_to_entry,
+                                                        within_snap)
 
 _OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
+#: The rows of a block of longer router rows solved first by their m+1 largest entries:
+#: where none of them binds, the others are tried as the plain mask first.
+_PROBES = 2
 
 
 @njit(**_OPTIONS)
 def budget_rows(x, k, l, m, a, y, shift, offset, strength, cut, lanes=True):
   """Every row of ``x`` (rows, n): its mask into ``y`` and ``(shift, offset, strength,
-  cut)`` per row; short router rows a block at a time in lanes
-  (:mod:`~implicit_topk.kernels.cpu.budget_lanes`; ``lanes=False``: none, as the tests
-  compare), the others one by one. Returns 0."""
+  cut)`` per row. Rows go a block of ``BLOCK`` at a time (``lanes=False``: one by one,
+  as the tests compare):
+
+  * short router rows through the budget's lanes
+    (:mod:`~implicit_topk.kernels.cpu.budget_lanes`);
+  * longer router rows (up to ``_ONE_PASS_ROW`` entries): the block's first
+    :data:`_PROBES` rows by their m+1 largest entries and, where none of them binds,
+    the others first as the plain mask (:func:`plain_block`): where at most ``m``
+    entries lie above the plain threshold, that mask is the budgeted one;
+  * the others one by one, by their m+1 largest entries (:func:`_solve_row`).
+
+  A block's choices depend on its own rows only, so the results do not depend on the
+  threads (whose blocks are whole blocks of ``BLOCK`` rows). Returns 0."""
   rows, n = x.shape
   top, values, weights = np.empty(m + 1), np.empty(m + 1), np.empty(m + 1)
   scratch = np.empty((4, m + 1))
-  lanes = lanes and budget_lanes.takes(a, n, m)
-  workspace = budget_lanes.workspace(n if lanes else 1, m)
+  how = native_lanes.takes(PNORM, a, n) if lanes else 0
+  whole = how == 1 and budget_lanes.takes(a, n, m)
+  gathered = how == 2
+  workspace = budget_lanes.workspace(n if whole or gathered else 1, m)
   work = np.empty(max(n, 1))
   tol = 4.0 * np.finfo(shift.dtype).eps
   root_eps = math.sqrt(np.finfo(shift.dtype).eps)
   for b0 in range(0, rows, native_lanes.BLOCK):
     width = min(native_lanes.BLOCK, rows - b0)
-    taken = 0
-    if lanes:
+    taken, written = 0, 0
+    if whole:
       taken = budget_lanes.block_budget(x, b0, width, k, l, m, a, tol, root_eps, work,
                                         workspace, shift, offset, strength, cut)
+    elif gathered:
+      # the block's first rows by the m+1 largest entries: where none binds, the rest
+      # as the plain mask first (cheaper where at most a third of the rows bind)
+      probed = min(_PROBES, width)
+      binds = False
+      for b in range(b0, b0 + probed):
+        s, o, t, c = _solve_row(x[b], float(k[b]), float(l[b]), m, a, top, values, weights,
+                                scratch)
+        shift[b], offset[b], strength[b], cut[b] = s, o, t, c
+        binds |= t < float(l[b])
+      taken = (1 << probed) - 1
+      if not binds and probed < width:
+        written = plain_block(x, b0 + probed, width - probed, k, l, m, a, tol, root_eps,
+                              work, workspace, y, shift, offset, strength, cut) << probed
+        taken |= written
     for b in range(b0, b0 + width):
       if not (taken >> (b - b0)) & 1:
-        if not _largest(x[b], m, top):  # NaN in the row
-          s, o, t, c = 0.0, np.nan, np.nan, np.nan
-        else:
-          c = _entries(x[b], top, m, float(k[b]), values, weights)
-          s, o, t = _solve(values, weights, c, float(k[b]), float(l[b]), a, scratch)
+        s, o, t, c = _solve_row(x[b], float(k[b]), float(l[b]), m, a, top, values, weights,
+                                scratch)
         shift[b], offset[b], strength[b], cut[b] = s, o, t, c
-      # from the values as stored (rounded to x's dtype), as the derivative kernels read
-      _write_mask(x[b], float(shift[b]), float(offset[b]), float(strength[b]),
-                  float(cut[b]), a, y[b])
+      if not (written >> (b - b0)) & 1:
+        # from the values as stored (rounded to x's dtype), as the derivative kernels read
+        _write_mask(x[b], float(shift[b]), float(offset[b]), float(strength[b]),
+                    float(cut[b]), a, y[b])
   return 0
+
+
+@njit(inline="always", **_OPTIONS)
+def _solve_row(row, kb, lb, m, a, top, values, weights, scratch):
+  """``(shift, offset, strength, cut)`` of one row by its m+1 largest entries
+  (:mod:`~implicit_topk.kernels.cpu.budget_row`); ``(0, NaN, NaN, NaN)`` where it has
+  NaN."""
+  if not _largest(row, m, top):
+    return 0.0, np.nan, np.nan, np.nan
+  c = _entries(row, top, m, kb, values, weights)
+  s, o, t = _solve(values, weights, c, kb, lb, a, scratch)
+  return s, o, t, c
+
+
+@njit(**_OPTIONS)
+def plain_block(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, y, shift, offset,
+                strength, cut):
+  r"""Rows ``b0 .. b0 + width - 1`` of ``x`` as the plain mask where it meets the
+  budget: the plain thresholds :math:`\lambda` of the rows the plain kernel's lanes take
+  (:func:`~implicit_topk.kernels.cpu.native_lanes.gathered_thresholds`, snapped to an
+  entry at them as the plain kernel does), and where at most ``m`` entries lie above
+  :math:`\lambda` (and ``k < m``) the mask written and ``(shift, offset, strength, cut)
+  = (\lambda, 0, l, -\infty)``: by statement 1 of ``proofs/support_budget.md`` that mask
+  is the budgeted one (:math:`\lambda \ge c`; no cut is needed). Returns the bit mask
+  of those rows; ``lanes``: :func:`budget_lanes.workspace`."""
+  values, state, iterating, _, _ = lanes
+  plain = native_lanes.gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
+                                           state, iterating, work)
+  n = x.shape[1]
+  kept = 0
+  for r in range(width):
+    b = b0 + r
+    kb, lb = float(k[b]), float(l[b])
+    if not ((plain >> r) & 1 and kb < m):
+      continue
+    value, nearest = state[native_lanes.LAM, r], state[native_lanes.NEAREST, r]
+    if within_snap(value, nearest, lb, tol):
+      value, _ = snap_to_entry(x[b], n, value, nearest, lb, kb, PNORM, a, 0.0, tol)
+    above = 0
+    for i in range(n):
+      above += 1 if x[b, i] > value else 0
+    if above <= m:
+      _write_finite_mask(x[b], n, value, lb, PNORM, a, 0.0, y[b])
+      shift[b], offset[b], strength[b], cut[b] = value, 0.0, lb, -np.inf
+      kept |= 1 << r
+  return kept
 
 
 # -- the FFI handlers --------------------------------------------------------------
