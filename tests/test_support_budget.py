@@ -562,6 +562,29 @@ def test_router_rows_through_the_kernels_lanes(n, m, a):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_lanes_bind_rows_as_the_per_row_kernel_does(dtype):
+  """Where the budget binds, the lanes' crossing strength (its piece found across the
+  lanes, ``budget_lanes._crossing_lanes``) is the per-row kernel's to the bit: the same
+  sums in the same order (``proofs/support_budget.md``, "In the CPU kernel" (iv))."""
+  from implicit_topk.kernels.cpu import budget_kernel
+  rng = np.random.default_rng(7)
+  for (n, m), a in itertools.product(((8, 3), (16, 4), (5, 1), (12, 2)), (3.0, 1.0)):
+    x = rng.standard_normal((300, n)).astype(dtype)
+    k = np.minimum(rng.choice([0.25, 0.5, 1.0, 1.5, 2.0], 300), m - 0.5).astype(dtype)
+    l = (10.0 ** rng.uniform(-1.5, 1.0, 300)).astype(dtype)
+    results = []
+    for lanes in (True, False):
+      y, solution = np.empty_like(x), [np.empty(300, dtype) for _ in range(4)]
+      budget_kernel.budget_rows(x, k, l, m, a, y, *solution, lanes)
+      results.append(solution)
+    (s1, _, t1, c1), (s2, _, t2, c2) = results
+    bound = t2 < l
+    assert 0.1 < np.mean(bound) < 0.9
+    for lanes_value, row_value in ((s1, s2), (t1, t2), (c1, c2)):
+      np.testing.assert_array_equal(lanes_value[bound], row_value[bound], err_msg=str((n, m, a)))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_kernel_rows_with_nothing_finite_to_place(dtype):
   # k = 0 on a row of -inf entries, and as many +inf entries as k: nothing finite lies
   # above the cut and no mass is left to place, so any threshold is one. Expected by hand:
