@@ -11,7 +11,8 @@ l) it times under ``jax.jit``
   cotangent ``w``, for solver in {threshold, native}.
 
 Every contender is compiled and warmed up first; the timed calls are interleaved (round
-r calls every contender once, in a fixed order), each ending with ``block_until_ready``.
+r calls every contender once, starting at the r-th: the order rotates), each ending
+with ``block_until_ready``.
 Reported: the median (and min, max) of ``--repeats`` calls (default 11) and the ratio
 to the hard forward of the same cell; ``os.getloadavg()`` before and after.
 

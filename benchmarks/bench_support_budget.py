@@ -17,7 +17,8 @@ budget m, the strength l and whether it is relative to each row's spread,
   kernel switched off (``--no-jax-path`` leaves it out).
 
 Contenders are compiled (ahead of time) and warmed up first; the timed calls are
-interleaved (round r calls every contender once), each ending with ``block_until_ready``. Reported: the
+interleaved (round r calls every contender once, starting at the r-th: the order
+rotates), each ending with ``block_until_ready``. Reported: the
 median (min, max) of ``--repeats`` calls (default 11), the ratios to the hard forward
 and of the budgeted call to the plain one; ``os.getloadavg()`` before and after. With
 ``--json FILE`` the figures are also written there.
@@ -108,11 +109,12 @@ def main():
     batch, n, k, m, l, standardize = CELLS[index]
     t = time_cell(batch, n, k, m, l, standardize, opts.repeats, not opts.no_jax_path)
     hard, soft, budget = (t[name][0] for name in ("hard fwd", "soft", "soft + max_support"))
-    jax_path = t.get("soft + max_support (JAX path)", (float("nan"),))[0]
+    jax_path = t.get("soft + max_support (JAX path)")
+    jax_ratio = f"{jax_path[0] / soft:.2f}x" if jax_path else "-"
     label = f"l={l}{' std' if standardize else ''}"
     print(f"| {batch}x{n} k={k} m={m} {label} | {hard * 1e3:.3f} ms | {soft * 1e3:.3f} ms | "
           f"{budget * 1e3:.3f} ms | {soft / hard:.2f}x | {budget / hard:.2f}x | "
-          f"{budget / soft:.2f}x | {jax_path / soft:.2f}x |", flush=True)
+          f"{budget / soft:.2f}x | {jax_ratio} |", flush=True)
     records.append({"batch": batch, "n": n, "k": k, "max_support": m, "l": l,
                     "standardize": standardize,
                     "seconds": {name: list(v) for name, v in t.items()}})
