@@ -1,6 +1,7 @@
 # One prepared GPU run (adapted from ../shared/gpu-h100/ingraph_matrix.py, the H100 run of 2026-11-27):
 # correctness of solver="pallas" compiled, in-graph matrix (hard, auto, threshold, pallas, and the
-# fused prototype where ../shared/gpu-h100/proto_pallas_mask.py is importable), per-call router
+# fused prototype where ../shared/gpu-h100/proto_pallas_mask.py is importable; the magnitude
+# operator; max_support against the plain mask at the router cells), per-call router
 # cells, soft_sort/soft_rank scaling, dykstra per call.
 # Writes JSON lines to $OUT/gpu.jsonl as it goes. Usage (repository root):
 #   python benchmarks/gpu/ingraph_matrix.py [deadline_s]
@@ -119,6 +120,29 @@ for B, n, k in [(16384, 64, 2), (64, 1000, 10)]:
         except Exception as e: r[name] = f"{type(e).__name__}: {str(e)[:200]}"
     h = r["hard fwd"]
     emit(what="ingraph_mag", cell=f"{B}x{n} k={k}", us=r, ratio={a: round(b / h, 3) for a, b in r.items() if isinstance(b, float)})
+
+# max_support in graph (issue: the budget at the plain mask's cost): the cells of
+# benchmarks/bench_support_budget.py, forward+backward of the plain and the budgeted mask
+budget_cells = [(16384, 8, 2, 3, 1.0, False), (16384, 64, 2, 4, 1.0, False),
+                (16384, 256, 8, 12, 1.0, False), (16384, 8, 2, 3, 0.5, True),
+                (16384, 64, 2, 4, 0.05, False)]
+if os.environ.get("SMOKE"): budget_cells = [(64, 8, 2, 3, 1.0, False)]
+for B, n, k, m, l, std in budget_cells:
+    if left() < 65: emit(what="ingraph_budget_stop", reason="deadline"); break
+    x = jax.random.normal(jax.random.PRNGKey(0), (B, n)); w = jax.random.normal(jax.random.PRNGKey(1), (B, n))
+    r = {}
+    try: r["hard fwd"] = timed(chain(lambda z: hard_mask(z, k)), x)
+    except Exception as e: r["hard fwd"] = f"{type(e).__name__}: {str(e)[:200]}"
+    for name, budget in (("plain", None), ("max_support", m)):
+        op = lambda z, budget=budget: itk.soft_topk_mask(z, k, regularization_strength=l,
+                                                         standardize=std, max_support=budget)
+        try: r[name + " fb"] = timed(chain_grad(op, w), x)
+        except Exception as e: r[name] = f"{type(e).__name__}: {str(e)[:300]}"
+    h, p = r.get("hard fwd"), r.get("plain fb")
+    emit(what="ingraph_budget", cell=f"{B}x{n} k={k} m={m} l={l}{' std' if std else ''}", us=r,
+         ratio={a: round(b / h, 3) for a, b in r.items() if isinstance(b, float) and isinstance(h, float)},
+         budget_over_plain=(round(r["max_support fb"] / p, 3)
+                            if isinstance(r.get("max_support fb"), float) and isinstance(p, float) else None))
 
 # ---------------- C. per call, router cells ----------------
 def per_call(f, *a, reps=21):
