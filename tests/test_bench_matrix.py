@@ -141,3 +141,36 @@ def test_profile_native_prints_every_stage():
     cells = [c.strip() for c in row.strip("|").split("|")]
     stages = [float(v) for v in cells[2:6]]
     assert all(v > 0 for v in stages + [float(v) for v in cells[6:]]), row
+
+
+def test_interleaved_timing_rotates_the_order():
+  # benchmarks/_timing.py: round r starts at the r-th contender, so over a multiple of
+  # the contenders' count each follows every other equally often (a call right after
+  # another contender's can run slower; a fixed order charged that to one of them)
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  try:
+    import _timing  # pylint: disable=import-outside-toplevel
+  finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
+  calls = []
+  fns = {name: (lambda x, name=name: calls.append(name) or x) for name in "abc"}
+  times = _timing.interleaved(fns, 0.0, repeats=6)
+  assert set(times) == set("abc") and all(len(t) == 3 for t in times.values())
+  timed = calls[6:]  # after the two warm-up calls of each
+  follows = {}
+  for before, after in zip(timed, timed[1:]):
+    if before != after:
+      follows[(before, after)] = follows.get((before, after), 0) + 1
+  assert len(follows) == 6, follows  # every ordered pair occurs
+  assert timed[:3] == list("abc") and timed[3:6] == list("bca") and timed[6:9] == list("cab")
+
+
+def test_support_budget_benchmark_runs(tmp_path):
+  out = tmp_path / "budget.json"
+  proc = _run([ROOT / "benchmarks" / "bench_support_budget.py", "--cells", "3", "--repeats", "2",
+               "--no-jax-path", "--json", out], timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.loads(out.read_text())["cells"][0]
+  assert (record["n"], record["max_support"]) == (1000, 16)
+  assert set(record["seconds"]) == {"hard fwd", "soft", "soft + max_support"}
+  assert "| 64x1000 k=10 m=16 l=0.1 |" in proc.stdout and proc.stdout.count(" - |") == 1
