@@ -14,7 +14,8 @@ def interleaved(fns: dict, x, repeats: int) -> dict:
   ``block_until_ready``. Round ``r`` starts at the ``r``-th function (the order rotates),
   so each follows every other equally often: on CPU a call right after another
   contender's ran up to 0.3 ms slower (16,384 x 8 soft mask: 0.63 ms after the budgeted
-  one, 0.91 ms after the hard top-k), which a fixed order charged to one contender."""
+  one, 0.91 ms after the hard top-k; after a pause of 2 ms or more, about half speed
+  too), which a fixed order charged to one contender."""
   for fn in fns.values():
     jax.block_until_ready(fn(x))
     jax.block_until_ready(fn(x))
