@@ -11,7 +11,10 @@ Checks, on random rows with and without ties, scales 1e-6..1e6 and p in {4/3, 1.
   then the library's soft_topk_mask(..., max_support=m) against the reference mask at
   min(l, l*): within 1e-9 (Brent's threshold at scales up to 1e6), at most m nonzero entries (the tie rule aside), sum k;
   (8) the library's segment_soft_topk_mask(..., max_support=m) against the same reference
-      on each segment separately (segments of at most m entries and empty ones included).
+      on each segment separately (segments of at most m entries and empty ones included);
+  "In the CPU kernel" (v): a row with at most m entries above its plain threshold has
+      S(l) >= k (ties included), and the library on batches of router rows of 20 and 64
+      entries against the reference, row by row.
 """
 
 import os
@@ -180,12 +183,42 @@ def check_segments(rng, itk):
     print(f"  {checked} segments checked (the segment form against the per-segment reference)")
 
 
+def check_router_blocks(rng, itk):
+    """The library on batches of longer router rows (the CPU kernel solves a block of 64
+    such rows whose first two do not bind as the plain mask first: "In the CPU kernel"
+    (v)) against the reference mask at min(l, l*), row by row."""
+    import jax.numpy as jnp
+    checked = 0
+    for trial in range(6):
+        n, m = (20, 3) if trial % 2 else (64, 4)
+        p = (4.0 / 3.0, 2.0)[trial // 3]
+        a = 1.0 / (p - 1.0)
+        x = rng.normal(size=(70, n))
+        x[3::5] = np.round(x[3::5] * 2) / 2  # ties
+        k = rng.choice([0.5, 1.0, 1.5, 2.0], size=70)
+        l = 10.0 ** rng.uniform(-1.5, 0.5, size=70)
+        l[:2] = 0.05  # the block's first rows do not bind
+        got = np.asarray(itk.soft_topk_mask(jnp.asarray(x), jnp.asarray(k), p=p,
+                                            regularization_strength=jnp.asarray(l),
+                                            max_support=m))
+        for r in range(70):
+            c, values, weights = cut_and_weights(x[r], k[r], m)
+            gaps = values - c
+            ls = (l_star_bisection(gaps, weights, k[r], a, l[r])
+                  if S(gaps, weights, l[r], a) < k[r] else l[r])
+            want = C.threshold_solve(x[r], k[r], ls, p)[1]
+            C.check(np.max(np.abs(got[r] - want)) < 1e-9, f"router block {trial}, row {r}: "
+                    f"{np.max(np.abs(got[r] - want))}")
+            checked += 1
+    print(f"  {checked} rows of router blocks checked (the library against the reference)")
+
+
 def main():
     rng = np.random.default_rng(0)
     itk = C.load_library()
     check_piece_closed_forms(rng)
     check_derivatives(rng)
-    checked = 0
+    checked, fits_plain = 0, 0
     for trial in range(240):
         p = PS[trial % len(PS)]
         a = 1.0 / (p - 1.0)
@@ -205,6 +238,9 @@ def main():
         if np.sum(x > np.sort(x)[::-1][m]) >= k:  # statement 1 (no tie case)
             C.check(plain_fits == (S(gaps, weights, l, a) >= k * (1 - 1e-12)) or
                     abs(S(gaps, weights, l, a) - k) < 1e-9 * k, f"statement 1, trial {trial}")
+        if np.sum(x > lam) <= m:  # "In the CPU kernel" (v): then the budget does not bind
+            C.check(S(gaps, weights, l, a) >= k * (1 - 1e-12), f"(v), trial {trial}")
+            fits_plain += 1
         ls = l_star_bisection(gaps, weights, k, a, l) if S(gaps, weights, l, a) < k else l
         if ls < l:
             lam_s, _ = C.threshold_solve(x, k, ls, p)
@@ -226,9 +262,10 @@ def main():
             C.check(abs(got.sum() - k) < 1e-10 * max(1, k), f"sum, trial {trial}")
         checked += 1
     print(f"  {checked} rows checked (bound, l*, pieces, locality, closed forms, derivatives, "
-          "library)")
+          f"library; {fits_plain} with at most m entries above the plain threshold: (v))")
     if itk is not None:
         check_segments(np.random.default_rng(1), itk)
+        check_router_blocks(np.random.default_rng(2), itk)
     print("support_budget: OK")
 
 
