@@ -876,8 +876,8 @@ def snap_candidate(row, n, lam, l, kind, origin, tol):
   :func:`~implicit_topk.kernels.cpu.ordered_bits.smallest_above` (0.06 against 0.6
   ns an entry); rows solved relative to their largest entry compare ``x - origin``
   (rare; numba's float ``min`` stays scalar whatever the fast-math flags, so none are
-  set: a NaN threshold must read as NaN). (Two calls rather than one: an inlined function with early returns and a row of
-  scratch cost 22 against 3.6 ns a row of 8.)"""
+  set: a NaN threshold must read as NaN). (Two calls rather than one: an inlined
+  function with early returns and a row of scratch cost 22 against 3.6 ns a row of 8.)"""
   if kind != PNORM or not abs(lam) < np.inf:
     return np.nan
   if origin == 0.0:
