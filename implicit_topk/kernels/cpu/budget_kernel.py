@@ -121,7 +121,7 @@ def plain_block(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, y, shift, 
   = (\lambda, 0, l, -\infty)``: that mask is the budgeted one (:math:`\lambda \ge c`;
   no cut is needed: ``proofs/support_budget.md``, "In the CPU kernel" (v)). Returns the bit mask
   of those rows; ``lanes``: :func:`budget_lanes.workspace`."""
-  values, state, iterating, _, _ = lanes
+  values, state, iterating = lanes[:3]
   plain = native_lanes.gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
                                            state, iterating, work)
   n = x.shape[1]

@@ -31,9 +31,9 @@ rows at the ends of the float range, which the per-row kernel rescales: an entry
 magnitude ``2^1022`` or more, a strength below ``2^-969``) are left to the per-row
 kernel.
 
-numba's disk cache is keyed on the file of the handler
-(:mod:`~implicit_topk.kernels.cpu.native_threshold`), not on this one: a change here
-needs a change there too (or the cache cleared) before it is measured.
+numba's disk cache is keyed on the file of each handler, not on this one;
+:mod:`~implicit_topk.kernels.cpu.cache_stamp` clears the handlers' caches after a
+change here.
 """
 
 from __future__ import annotations
@@ -90,7 +90,18 @@ def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterat
   the lanes take, in float64 (the mask is written from it): row ``b0 + r``'s in
   ``state[LAM, r]``, its passes in ``state[PASSES, r]`` (with ``shift`` 0: these rows
   are solved in their own coordinates). Returns a bit mask of those rows (bit ``r``
-  for row ``b0 + r``)."""
+  for row ``b0 + r``): :func:`block_brackets`, then :func:`iterate`."""
+  taken = block_brackets(x, b0, width, k, l, a, root_eps, values, state)
+  iterate(values, x.shape[1], width, a, tol, state, iterating, work)
+  return taken
+
+
+@njit(**_OPTIONS)
+def block_brackets(x, b0, width, k, l, a, root_eps, values, state):
+  """Rows ``b0 .. b0 + width - 1`` of ``x`` into the lanes (entry ``i`` of row ``b0 +
+  r`` at ``values[i, r]``), each lane's three largest entries and bracket; binary rows
+  done, the others ready to iterate (:func:`iterate`). Returns the bit mask of the rows
+  the lanes take."""
   n = x.shape[1]
   wide = float64_entries(x)
   for r in range(width):
@@ -109,9 +120,22 @@ def block_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterat
       top0[r] = max(top0[r], v)
       top2[r] = max(top2[r], min(top1[r], carried))
       top1[r] = max(top1[r], carried)
-  taken = _brackets(width, n, k, l, a, b0, root_eps, state)
-  _iterate(values, n, width, a, tol, state, iterating, work)
-  return taken
+  return _brackets(width, n, k, l, a, b0, root_eps, state)
+
+
+@njit(**_OPTIONS)
+def compact(values, n, state, lanes, count):
+  """Lanes ``lanes[0] < lanes[1] < ... < lanes[count - 1]`` moved to the front (entries
+  ``values[:n]`` and state), in that order, so that :func:`iterate` on the first
+  ``count`` lanes runs on them alone (each lane's passes are its own: the same
+  thresholds to the bit)."""
+  for u in range(count):
+    r = lanes[u]
+    if r != u:  # (u < r: lane u is already moved or not needed)
+      for i in range(n):
+        values[i, u] = values[i, r]
+      for j in range(STATE_ROWS):
+        state[j, u] = state[j, r]
 
 
 @njit(**_OPTIONS)
@@ -160,12 +184,12 @@ def gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, ite
   for r in range(width):
     for i in range(int(state[_BAD, r]), span):
       values[i, r] = -np.inf
-  _iterate(values, span, width, a, tol, state, iterating, work)
+  iterate(values, span, width, a, tol, state, iterating, work)
   return taken
 
 
 @njit(**_OPTIONS)
-def _iterate(values, n, width, a, tol, state, iterating, work):
+def iterate(values, n, width, a, tol, state, iterating, work):
   """The lanes' Newton passes over ``values[:n]``, then the per-row iteration for the
   lanes still iterating after :data:`LANE_PASSES` (on their column of ``values``); then
   each lane's smallest entry above its threshold, into ``state[NEAREST]``."""
