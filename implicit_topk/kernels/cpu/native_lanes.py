@@ -124,16 +124,16 @@ def block_brackets(x, b0, width, k, l, a, root_eps, values, state):
 
 
 @njit(**_OPTIONS)
-def compact(values, n, state, lanes, count):
-  """Lanes ``lanes[0] < lanes[1] < ... < lanes[count - 1]`` moved to the front (entries
-  ``values[:n]`` and state), in that order, so that :func:`iterate` on the first
-  ``count`` lanes runs on them alone (each lane's passes are its own: the same
-  thresholds to the bit)."""
+def compact(source, n, values, state, lanes, count):
+  """Lanes ``lanes[0] < lanes[1] < ... < lanes[count - 1]`` to the front: their entries
+  ``source[:n]`` into ``values[:n]`` and their state moved, in that order, so that
+  :func:`iterate` on the first ``count`` lanes runs on them alone (each lane's passes
+  are its own). ``source`` may be ``values`` itself."""
   for u in range(count):
     r = lanes[u]
-    if r != u:  # (u < r: lane u is already moved or not needed)
-      for i in range(n):
-        values[i, u] = values[i, r]
+    for i in range(n):
+      values[i, u] = source[i, r]
+    if r != u:  # (u < r: lane u's state is already moved or not needed)
       for j in range(STATE_ROWS):
         state[j, u] = state[j, r]
 
