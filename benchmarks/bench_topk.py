@@ -61,13 +61,15 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+import _timing  # noqa: E402  (the scripts' folder is on sys.path)
+
 HARD = "hard fwd"
 DEFAULT_SOLVER = "auto"
 ALL_SOLVERS = ("auto", "threshold", "pav", "dykstra")  # the default --solvers
 MODES = ("percall", "ingraph")
-CHAIN_ELEMENTS = 1e6         # in graph: cells up to this many entries are chained --chain times
-MIN_CHAIN = 5
-CHAIN_STEP = 1e-3            # z <- z + CHAIN_STEP * op(z) links the chained calls
+CHAIN_ELEMENTS = _timing.CHAIN_ELEMENTS  # in graph: cells up to this many entries are chained --chain times
+MIN_CHAIN = _timing.MIN_CHAIN
+CHAIN_STEP = _timing.CHAIN_STEP  # z <- z + CHAIN_STEP * op(z) links the chained calls
 P_VALUES = ((4.0 / 3.0, "4/3"), (2.0, "2"))
 DYKSTRA_MAX_ELEMENTS = 1e5   # dykstra (p = 2 only) runs where n x batch <= this
 SLOW_CALL_S = 1.0            # above this, non-default contenders may get fewer repeats
@@ -147,8 +149,7 @@ def chain_length(cell, chain):
   """In graph: how many times the op is chained in one jit for this cell (``chain`` up to
   ``CHAIN_ELEMENTS`` entries, proportionally fewer above, at least ``MIN_CHAIN`` unless
   ``chain`` itself is smaller)."""
-  size = cell["batch"] * cell["n"]
-  return min(chain, max(MIN_CHAIN, int(chain * CHAIN_ELEMENTS / size))) if size else chain
+  return _timing.chain_length(cell["batch"] * cell["n"], chain)
 
 
 # ----------------------------------------------------------------------------------
@@ -180,8 +181,7 @@ def build(cell, solver, p, chain=None):
     op = jax.grad(loss)  # gradient in x only; w is an argument, not a constant
   if chain is None:
     return jax.jit(op)
-  return jax.jit(lambda x, w: jax.lax.fori_loop(
-      0, chain, lambda _, z: z + CHAIN_STEP * op(z, w), x))
+  return jax.jit(lambda x, w: _timing.chained(lambda z: op(z, w), chain)(x))
 
 
 def _block(out):

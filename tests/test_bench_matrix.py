@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 # the tests share the module's benchmark runs: one worker runs them all (pyproject:
@@ -165,12 +167,28 @@ def test_interleaved_timing_rotates_the_order():
   assert timed[:3] == list("abc") and timed[3:6] == list("bca") and timed[6:9] == list("cab")
 
 
-def test_support_budget_benchmark_runs(tmp_path):
+@pytest.mark.parametrize("mode", ["percall", "ingraph"])
+def test_support_budget_benchmark_runs(tmp_path, mode):
   out = tmp_path / "budget.json"
   proc = _run([ROOT / "benchmarks" / "bench_support_budget.py", "--cells", "3", "--repeats", "2",
-               "--no-jax-path", "--json", out], timeout=300)
+               "--no-jax-path", "--mode", mode, "--chain", "3", "--json", out], timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  record = json.loads(out.read_text())["cells"][0]
+  results = json.loads(out.read_text())
+  record = results["cells"][0]
+  assert results["mode"] == mode
+  assert record["chain"] == (3 if mode == "ingraph" else None)
   assert (record["n"], record["max_support"]) == (1000, 16)
   assert set(record["seconds"]) == {"hard fwd", "soft", "soft + max_support"}
   assert "| 64x1000 k=10 m=16 l=0.1 |" in proc.stdout and proc.stdout.count(" - |") == 1
+
+
+def test_chained_op_feeds_each_output_to_the_next_call():
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  try:
+    import _timing  # pylint: disable=import-outside-toplevel
+  finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
+  out = jax.jit(_timing.chained(lambda z: 2.0 * z, 4))(jnp.float32(1.0))
+  assert float(out) == pytest.approx((1.0 + 2.0 * _timing.CHAIN_STEP) ** 4, rel=1e-6)
+  assert _timing.chain_length(1000, 50) == 50 and _timing.chain_length(4_000_000, 50) == 12
+  assert _timing.chain_length(10**8, 50) == _timing.MIN_CHAIN
