@@ -1,10 +1,11 @@
 r"""The ``max_support`` kernel: the budgeted p-norm mask of every row of a call, and its
 XLA FFI handlers.
 
-Short router rows (at most 16 entries, ``k <= 2``, ``m <= 4``, p = 4/3 or 2) go a block
-of rows at a time through :mod:`~implicit_topk.kernels.cpu.budget_lanes` where they can;
-every other row through :mod:`~implicit_topk.kernels.cpu.budget_row` (its m+1 largest
-entries, the tie rule, the crossing strength and the plain threshold in closed form).
+Router rows (``k <= 2``, ``m <= 8``, p = 4/3 or 2; whole up to 16 entries, longer ones
+by the candidates the plain kernel gathers) go a block of rows at a time through
+:mod:`~implicit_topk.kernels.cpu.budget_lanes` where they can; every other row through
+:mod:`~implicit_topk.kernels.cpu.budget_row` (its m+1 largest entries, the tie rule, the
+crossing strength and the plain threshold in closed form).
 
 The XLA FFI handlers ``budget_f32`` / ``budget_f64``: ``x`` (..., n), ``k`` (...),
 ``l`` (...) of one float dtype, scalar attributes ``a`` (float64) and ``m`` (int32) ->
@@ -28,12 +29,10 @@ from implicit_topk.kernels.cpu.budget_row import (_entries, _largest, _solve, _w
 from implicit_topk.kernels.cpu.native_derivatives import (CUBIC, GENERAL, LINEAR, PINNED,
                                                           _cotangent_block, _cotangent_call,
                                                           _tangent_block, _tangent_call)
-from implicit_topk.kernels.cpu.native_threshold import (PNORM, _write_finite_mask, snap_to_entry,
-                                                        within_snap)
 
 _OPTIONS: dict[str, Any] = dict(cache=True, error_model="numpy", fastmath=False)
-#: The rows of a block of longer router rows solved first by their m+1 largest entries:
-#: where none of them binds, the others are tried as the plain mask first.
+#: The rows of a block of longer router rows solved first one by one: where all of them
+#: bind, so are the others; else the others go through the lanes.
 _PROBES = 2
 
 
@@ -43,12 +42,9 @@ def budget_rows(x, k, l, m, a, y, shift, offset, strength, cut, lanes=True):
   cut)`` per row. Rows go a block of ``BLOCK`` at a time (``lanes=False``: one by one,
   as the tests compare):
 
-  * short router rows through the budget's lanes
-    (:mod:`~implicit_topk.kernels.cpu.budget_lanes`);
-  * longer router rows (up to ``_ONE_PASS_ROW`` entries): the block's first
-    :data:`_PROBES` rows by their m+1 largest entries and, where none of them binds,
-    the others first as the plain mask (:func:`plain_block`): where at most ``m``
-    entries lie above the plain threshold, that mask is the budgeted one;
+  * router rows through the budget's lanes where they take them
+    (:mod:`~implicit_topk.kernels.cpu.budget_lanes`: whole up to 16 entries, by their
+    candidates up to ``_ONE_PASS_ROW``);
   * the others one by one, by their m+1 largest entries (:func:`_solve_row`).
 
   A block's choices depend on its own rows only, so the results do not depend on the
@@ -56,45 +52,40 @@ def budget_rows(x, k, l, m, a, y, shift, offset, strength, cut, lanes=True):
   rows, n = x.shape
   top, values, weights = np.empty(m + 1), np.empty(m + 1), np.empty(m + 1)
   scratch = np.empty((4, m + 1))
-  how = native_lanes.takes(PNORM, a, n) if lanes else 0
-  whole = how == 1 and budget_lanes.takes(a, n, m)
-  gathered = how == 2
-  workspace = budget_lanes.workspace(n if whole or gathered else 1, m)
+  how = budget_lanes.takes(a, n, m) if lanes else 0
+  workspace = budget_lanes.workspace(n if how else 1, m)
   work = np.empty(max(n, 1))
   tol = 4.0 * np.finfo(shift.dtype).eps
   root_eps = math.sqrt(np.finfo(shift.dtype).eps)
   for b0 in range(0, rows, native_lanes.BLOCK):
     width = min(native_lanes.BLOCK, rows - b0)
-    taken, written = 0, 0
-    if whole:
+    taken = 0
+    if how == 1:
       taken = budget_lanes.block_budget(x, b0, width, k, l, m, a, tol, root_eps, work,
                                         workspace, shift, offset, strength, cut)
-    elif gathered:
-      # the block's first rows by the m+1 largest entries: where none binds, the rest
-      # as the plain mask first (cheaper where at most a third of the rows bind). (The
-      # per-row solve and store below are written out twice: one inlined helper for both
-      # made the per-row path 15% slower, 221 -> 253 ns a row at 16384 x 64, l = 1.)
+    elif how == 2:
+      # the block's first rows one by one: where all of them bind, the others too (one
+      # by one is cheaper where most rows bind), else through the lanes
       probed = min(_PROBES, width)
-      binds = False
+      binds = True
       for b in range(b0, b0 + probed):
         s, o, t, c = _solve_row(x[b], float(k[b]), float(l[b]), m, a, top, values, weights,
                                 scratch)
         shift[b], offset[b], strength[b], cut[b] = s, o, t, c
-        binds |= t < float(l[b])
+        binds &= t < float(l[b])
       taken = (1 << probed) - 1
       if not binds and probed < width:
-        written = plain_block(x, b0 + probed, width - probed, k, l, m, a, tol, root_eps,
-                              work, workspace, y, shift, offset, strength, cut) << probed
-        taken |= written
+        taken |= budget_lanes.gathered_budget(
+            x, b0 + probed, width - probed, k, l, m, a, tol, root_eps, work, workspace,
+            shift, offset, strength, cut) << probed
     for b in range(b0, b0 + width):
       if not (taken >> (b - b0)) & 1:
         s, o, t, c = _solve_row(x[b], float(k[b]), float(l[b]), m, a, top, values, weights,
                                 scratch)
         shift[b], offset[b], strength[b], cut[b] = s, o, t, c
-      if not (written >> (b - b0)) & 1:
-        # from the values as stored (rounded to x's dtype), as the derivative kernels read
-        _write_mask(x[b], float(shift[b]), float(offset[b]), float(strength[b]),
-                    float(cut[b]), a, y[b])
+      # from the values as stored (rounded to x's dtype), as the derivative kernels read
+      _write_mask(x[b], float(shift[b]), float(offset[b]), float(strength[b]),
+                  float(cut[b]), a, y[b])
   return 0
 
 
@@ -108,40 +99,6 @@ def _solve_row(row, kb, lb, m, a, top, values, weights, scratch):
   c = _entries(row, top, m, kb, values, weights)
   s, o, t = _solve(values, weights, c, kb, lb, a, scratch)
   return s, o, t, c
-
-
-@njit(**_OPTIONS)
-def plain_block(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, y, shift, offset,
-                strength, cut):
-  r"""Rows ``b0 .. b0 + width - 1`` of ``x`` as the plain mask where it meets the
-  budget: the plain thresholds :math:`\lambda` of the rows the plain kernel's lanes take
-  (:func:`~implicit_topk.kernels.cpu.native_lanes.gathered_thresholds`, snapped to an
-  entry at them as the plain kernel does), and where at most ``m`` entries lie above
-  :math:`\lambda` (and ``k < m``) the mask written and ``(shift, offset, strength, cut)
-  = (\lambda, 0, l, -\infty)``: that mask is the budgeted one (:math:`\lambda \ge c`;
-  no cut is needed: ``proofs/support_budget.md``, "In the CPU kernel" (v)). Returns the bit mask
-  of those rows; ``lanes``: :func:`budget_lanes.workspace`."""
-  values, state, iterating = lanes[:3]
-  plain = native_lanes.gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values,
-                                           state, iterating, work)
-  n = x.shape[1]
-  kept = 0
-  for r in range(width):
-    b = b0 + r
-    kb, lb = float(k[b]), float(l[b])
-    if not ((plain >> r) & 1 and kb < m):
-      continue
-    value, nearest = state[native_lanes.LAM, r], state[native_lanes.NEAREST, r]
-    if within_snap(value, nearest, lb, tol):
-      value, _ = snap_to_entry(x[b], n, value, nearest, lb, kb, PNORM, a, 0.0, tol)
-    above = 0
-    for i in range(n):
-      above += 1 if x[b, i] > value else 0
-    if above <= m:
-      _write_finite_mask(x[b], n, value, lb, PNORM, a, 0.0, y[b])
-      shift[b], offset[b], strength[b], cut[b] = value, 0.0, lb, -np.inf
-      kept |= 1 << r
-  return kept
 
 
 # -- the FFI handlers --------------------------------------------------------------

@@ -1,9 +1,12 @@
-r"""The budgeted mask of short router rows, a block of rows at a time in lanes (numba, CPU).
+r"""The budgeted mask of router rows, a block of rows at a time in lanes (numba, CPU).
 
 The per-row budget kernel (:mod:`~implicit_topk.kernels.cpu.budget_kernel`) spends most
 of a row of 8 entries in branches on data (its piece walks, the tie rule). Here a block
 of :data:`~implicit_topk.kernels.cpu.native_lanes.BLOCK` rows goes through loops over
-the rows, as the plain mask's lanes do (:mod:`~implicit_topk.kernels.cpu.native_lanes`):
+the rows, as the plain mask's lanes do (:mod:`~implicit_topk.kernels.cpu.native_lanes`),
+rows of at most :data:`~implicit_topk.kernels.cpu.native_lanes.LANE_ROW` entries whole
+(:func:`block_budget`), longer ones by the candidates the plain kernel gathers, every
+entry that can lie above the plain threshold (:func:`gathered_budget`):
 
 * each lane's bracket (the plain mask's lanes), its m+1 largest entries (min/max pairs
   over the lanes), its cut :math:`c = x_{(m+1)}` and
@@ -29,11 +32,14 @@ the rows, as the plain mask's lanes do (:mod:`~implicit_topk.kernels.cpu.native_
   cut.
 
 A lane is taken where the plain mask's lanes take its row (finite entries, ``k`` in
-``(0, 2]``, p = 4/3 or 2, rows of at most
-:data:`~implicit_topk.kernels.cpu.native_lanes.LANE_ROW` entries), ``m`` is at most
-:data:`LARGEST_M`, the strength is positive and the m+1 largest entries are distinct:
-no tie rule, no merged weights, so that every sum is the per-row kernel's. Other rows
-are left to the per-row kernel. Where the budget does not bind, the threshold is the
+``(0, 2]``, p = 4/3 or 2, at most 16 candidates), ``m`` is at most :data:`LARGEST_M`,
+the strength is positive and the m+1 largest entries are distinct: no tie rule, no
+merged weights, so that every sum is the per-row kernel's (or, for a longer row, it has
+at most ``m`` candidates: the plain mask, see :func:`gathered_budget`). Other rows are
+left to the per-row kernel. At 16384 x 64, ``k = 2``, ``m = 4``, strength 0.3 (21% of
+the rows bound), the longer rows' lanes took the kernel from 244-254 to 205-223 ns a row
+(the plain kernel: 167-181); blocks whose first two rows bind stay with the per-row
+kernel (at strength 1, 92% bound, it is the faster: 204-209 against 231-240 ns). Where the budget does not bind, the threshold is the
 plain mask's Newton iteration's rather than the per-row kernel's closed form: the same
 value to rounding.
 """
@@ -51,7 +57,7 @@ from implicit_topk.kernels.cpu.kinds import PNORM
 from implicit_topk.kernels.cpu.native_threshold import _OPTIONS, snap_to_entry, within_snap
 
 #: The largest budget the lanes take.
-LARGEST_M = 4
+LARGEST_M = 8
 _INF = np.inf
 # the rows of the lanes' scratch: a carry, S(l), the crossing piece of each lane
 # (found, its gap d_J, the clip d_(J-1), M_J / (k - W_J)), 1 / d_j and l*
@@ -61,8 +67,10 @@ _PIECE_ROWS = 8
 
 @njit(**_OPTIONS)
 def takes(a, n, m):
-  """Whether rows of ``n`` entries with budget ``m`` and exponent ``a`` go through lanes."""
-  return m <= LARGEST_M and native_lanes.takes(PNORM, a, n) == 1
+  """How rows of ``n`` entries with budget ``m`` and exponent ``a`` go through lanes: 0
+  not at all, 1 whole (:func:`block_budget`), 2 by their candidates
+  (:func:`gathered_budget`)."""
+  return native_lanes.takes(PNORM, a, n) if m <= LARGEST_M else 0
 
 
 @njit(**_OPTIONS)
@@ -78,32 +86,65 @@ def workspace(n, m):
 @njit(**_OPTIONS)
 def block_budget(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, shift, offset,
                  strength, cut):
-  """Rows ``b0 .. b0 + width - 1`` of ``x`` that the lanes take: ``(shift, offset,
-  strength, cut)`` as the per-row kernel defines them (the mask is written from them
-  by the caller). Returns the bit mask of those rows (bit ``r`` for row ``b0 + r``).
-  ``lanes``: :func:`workspace`; ``work``: a row of scratch."""
-  values, state, iterating, tops, piece, unbound = lanes
+  """Rows ``b0 .. b0 + width - 1`` of ``x`` (at most
+  :data:`~implicit_topk.kernels.cpu.native_lanes.LANE_ROW` entries) that the lanes
+  take: ``(shift, offset, strength, cut)`` as the per-row kernel defines them (the mask
+  is written from them by the caller). Returns the bit mask of those rows (bit ``r``
+  for row ``b0 + r``). ``lanes``: :func:`workspace`; ``work``: a row of scratch."""
+  values, state = lanes[0], lanes[1]
   plain = native_lanes.block_brackets(x, b0, width, k, l, a, root_eps, values, state)
-  n = x.shape[1]
+  return _budget_in_lanes(x, b0, width, x.shape[1], False, plain, k, l, m, a, tol, work,
+                          lanes, shift, offset, strength, cut)
+
+
+@njit(**_OPTIONS)
+def gathered_budget(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, shift, offset,
+                    strength, cut):
+  r""":func:`block_budget` for longer router rows (up to the plain kernel's one-pass
+  length), from each row's candidates, the entries above :math:`x_{(\lceil k
+ceil)} -
+  l` that the plain kernel gathers into its lanes
+  (:func:`~implicit_topk.kernels.cpu.native_lanes.gather_block`): every entry above
+  the plain threshold is one. A row with at least m+1 candidates has its m+1 largest
+  entries among them; a row with at most ``m`` has at most ``m`` entries above its
+  plain threshold, so its plain mask is the budgeted one (``proofs/support_budget.md``,
+  "In the CPU kernel" (v)), and its cut is reported as ``-inf``."""
+  values, state = lanes[0], lanes[1]
+  plain, span = native_lanes.gather_block(x, b0, width, k, l, a, root_eps, values, state,
+                                          work)
+  return _budget_in_lanes(x, b0, width, span, True, plain, k, l, m, a, tol, work, lanes,
+                          shift, offset, strength, cut)
+
+
+@njit(**_OPTIONS)
+def _budget_in_lanes(x, b0, width, span, gathered, plain, k, l, m, a, tol, work, lanes,
+                     shift, offset, strength, cut):
+  """The budget of the lanes ``plain`` (filled: ``values[:span]``, each row's entries or
+  its candidates padded with ``-inf``; ``gathered``: candidates, whose count is in the
+  state): the steps of the module's docstring. Returns the bit mask of the rows done."""
+  values, state, iterating, tops, piece, unbound = lanes
   for j in range(m + 1):
     for r in range(width):
       tops[j, r] = -_INF
   carry = piece[0]
-  for i in range(n):  # the m+1 largest entries of each lane, descending
+  for i in range(span):  # the m+1 largest entries of each lane, descending
     for r in range(width):
       carry[r] = values[i, r]
     for j in range(m + 1):
       for r in range(width):
         t, v = tops[j, r], carry[r]
         tops[j, r], carry[r] = max(t, v), min(t, v)
-  taken = 0
+  taken, few = 0, 0
   for r in range(width):
     distinct = True
     for j in range(m):
       distinct &= tops[j, r] > tops[j + 1, r]
     lr = float(l[b0 + r])
-    if (plain >> r) & 1 and distinct and lr > 0.0 and float(k[b0 + r]) < m:
+    # (at most m candidates: the plain mask; their cut tops[m] is the padding, -inf)
+    short = gathered and state[native_lanes.COUNT, r] <= m
+    if (plain >> r) & 1 and (distinct or short) and lr > 0.0 and float(k[b0 + r]) < m:
       taken |= 1 << r
+      few |= (1 << r) if short else 0
   # S(l) per lane, as the per-row kernel's _mask_sum sums it (every weight 1)
   total = piece[_TOTAL]
   for r in range(width):
@@ -118,13 +159,15 @@ def block_budget(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, shift, of
   for r in range(width):
     star[r] = _INF
     if (taken >> r) & 1:
-      star[r] = _crossing_from(piece, r, a) if total[r] < float(k[b0 + r]) else _INF
+      if total[r] < float(k[b0 + r]) and not (few >> r) & 1:
+        star[r] = _crossing_from(piece, r, a)
       unbound[count] = r
       count += not float(l[b0 + r]) > star[r]
   # (an unbound lane's threshold is at least its cut: the entries above it are among its
   # m largest, and the others add 0 there)
   native_lanes.compact(tops, m, values, state, unbound, count)
   native_lanes.iterate(values, m, count, a, tol, state, iterating, work)
+  n = x.shape[1]
   position = 0  # the lane of the next unbound row, after compact
   for r in range(width):
     if not (taken >> r) & 1:

@@ -61,6 +61,7 @@ LANE_ROW = 16
 CANDIDATES = 16
 # the rows of the lanes' state array
 _TOP0, _TOP1, _TOP2, _BAD, _K, _L, _INV, _LO, _HI, LAM, _PREV = range(11)
+COUNT = _BAD  # (gathered rows: each lane's candidates, where whole rows keep their check)
 TOTAL, _SLOPE, _CURVE, _STATE, PASSES, _FRACTIONAL, _STEP, NEAREST = range(11, 19)
 STATE_ROWS = 19
 _SKIP, _ITERATING, _DONE = 0.0, 1.0, 2.0
@@ -142,11 +143,21 @@ def compact(source, n, values, state, lanes, count):
 def gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, iterating,
                         work):
   """As :func:`block_thresholds` for rows longer than :data:`LANE_ROW` (up to the
-  per-row kernel's one-pass length): each row's bracket and candidates (the entries
-  above ``x_(m) - l``, in row order) from the per-row kernel's one pass, the candidates
-  into the lanes (padded with ``-inf``, which adds exact zeros), then the lanes'
-  iteration. Rows with more than :data:`CANDIDATES` candidates are left to the per-row
-  kernel."""
+  per-row kernel's one-pass length): :func:`gather_block`, then :func:`iterate` on the
+  candidates."""
+  taken, span = gather_block(x, b0, width, k, l, a, root_eps, values, state, work)
+  iterate(values, span, width, a, tol, state, iterating, work)
+  return taken
+
+
+@njit(**_OPTIONS)
+def gather_block(x, b0, width, k, l, a, root_eps, values, state, work):
+  """Each row's bracket and candidates (the entries above ``x_(m) - l``, in row order)
+  from the per-row kernel's one pass, the candidates into the lanes (padded with
+  ``-inf``, which adds exact zeros) and their count into ``state[COUNT]`` (0 for binary
+  rows, which are done). Rows with more than :data:`CANDIDATES` candidates are left to
+  the per-row kernel. Returns (the bit mask of the rows taken, the most candidates of a
+  lane)."""
   n = x.shape[1]
   wide = float64_entries(x)
   limit = _ENTRY_LIMIT if wide else np.inf
@@ -155,7 +166,7 @@ def gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, ite
   for r in range(width):
     kr, lr = float(k[b0 + r]), float(l[b0 + r])
     state[_K, r], state[_L, r], state[_INV, r] = kr, lr, 1.0 / lr
-    state[LAM, r], state[PASSES, r], state[_STATE, r], state[_BAD, r] = 0.0, 0.0, _SKIP, 0.0
+    state[LAM, r], state[PASSES, r], state[_STATE, r], state[COUNT, r] = 0.0, 0.0, _SKIP, 0.0
     if not (kr > 0.0 and kr <= 2.0 and kr < n - 1 and (not wide or lr >= _STRENGTH_FLOOR)):
       continue
     m, j = int(math.ceil(kr)), int(math.floor(kr))
@@ -175,17 +186,16 @@ def gathered_thresholds(x, b0, width, k, l, a, tol, root_eps, values, state, ite
     taken |= 1 << r
     for i in range(count):
       values[i, r] = work[i]
-    state[_BAD, r] = count
+    state[COUNT, r] = count
     span = max(span, count)
     state[_LO, r], state[_HI, r] = lo, hi
     state[LAM, r] = lo + fraction * (hi - lo)
     state[_PREV, r] = 2.0 * (hi - lo)
     state[_STATE, r] = _ITERATING
   for r in range(width):
-    for i in range(int(state[_BAD, r]), span):
+    for i in range(int(state[COUNT, r]), span):
       values[i, r] = -np.inf
-  iterate(values, span, width, a, tol, state, iterating, work)
-  return taken
+  return taken, span
 
 
 @njit(**_OPTIONS)
