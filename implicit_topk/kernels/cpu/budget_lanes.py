@@ -141,10 +141,10 @@ def _budget_in_lanes(x, b0, width, span, gathered, plain, k, l, m, a, tol, work,
       distinct &= tops[j, r] > tops[j + 1, r]
     lr = float(l[b0 + r])
     # (at most m candidates: the plain mask; their cut tops[m] is the padding, -inf)
-    short = gathered and state[native_lanes.COUNT, r] <= m
-    if (plain >> r) & 1 and (distinct or short) and lr > 0.0 and float(k[b0 + r]) < m:
+    at_most_m = gathered and state[native_lanes.COUNT, r] <= m
+    if (plain >> r) & 1 and (distinct or at_most_m) and lr > 0.0 and float(k[b0 + r]) < m:
       taken |= 1 << r
-      few |= (1 << r) if short else 0
+      few |= (1 << r) if at_most_m else 0
   # S(l) per lane, as the per-row kernel's _mask_sum sums it (every weight 1)
   total = piece[_TOTAL]
   for r in range(width):
@@ -152,17 +152,19 @@ def _budget_in_lanes(x, b0, width, span, gathered, plain, k, l, m, a, tol, work,
   for j in range(m):
     for r in range(width):
       total[r] += _mask((tops[j, r] - tops[m, r]) / float(l[b0 + r]), a)
-  _crossing_lanes(tops, m, k, b0, width, a, piece)
+  over = 0  # the lanes where S(l) < k (the plain mask would exceed m): l* is needed
+  for r in range(width):
+    over |= (1 << r) if total[r] < float(k[b0 + r]) and not (few >> r) & 1 else 0
+  over &= taken
+  if over != 0:  # (a block where the budget seldom binds skips the crossing pieces)
+    _crossing_lanes(tops, m, k, b0, width, a, piece)
   # l* of each lane (inf where S(l) >= k); the plain threshold only where the budget
   # does not bind, those lanes iterated alone (a bound lane's threshold is its cut)
   star, count = piece[_STAR], 0
   for r in range(width):
-    star[r] = _INF
-    if (taken >> r) & 1:
-      if total[r] < float(k[b0 + r]) and not (few >> r) & 1:
-        star[r] = _crossing_from(piece, r, a)
-      unbound[count] = r
-      count += not float(l[b0 + r]) > star[r]
+    star[r] = _crossing_from(piece, r, a) if (over >> r) & 1 else _INF
+    unbound[count] = r
+    count += 1 if (taken >> r) & 1 and not float(l[b0 + r]) > star[r] else 0
   # (an unbound lane's threshold is at least its cut: the entries above it are among its
   # m largest, and the others add 0 there)
   native_lanes.compact(tops, m, values, state, unbound, count)
