@@ -37,11 +37,11 @@ the strength is positive and the m+1 largest entries are distinct: no tie rule, 
 merged weights, so that every sum is the per-row kernel's (or, for a longer row, it has
 at most ``m`` candidates: the plain mask, see :func:`gathered_budget`). Other rows are
 left to the per-row kernel. At 16384 x 64, ``k = 2``, ``m = 4``, strength 0.3 (21% of
-the rows bound), the longer rows' lanes took the kernel from 244-254 to 205-223 ns a row
-(the plain kernel: 167-181); blocks whose first two rows bind stay with the per-row
-kernel (at strength 1, 92% bound, it is the faster: 204-209 against 231-240 ns). Where the budget does not bind, the threshold is the
-plain mask's Newton iteration's rather than the per-row kernel's closed form: the same
-value to rounding.
+the rows bound), the longer rows' lanes took the kernel from 244-254 to 202-213 ns a row
+(the plain kernel: 165-181); blocks whose first two rows both bind stay with the per-row
+kernel (at strength 1, 92% bound, it is the faster: 204-213 ns a row against 239-241 in
+the lanes). Where the budget does not bind, the threshold is the plain mask's Newton
+iteration's rather than the per-row kernel's closed form: the same value to rounding.
 """
 
 from __future__ import annotations
@@ -101,9 +101,8 @@ def block_budget(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, shift, of
 def gathered_budget(x, b0, width, k, l, m, a, tol, root_eps, work, lanes, shift, offset,
                     strength, cut):
   r""":func:`block_budget` for longer router rows (up to the plain kernel's one-pass
-  length), from each row's candidates, the entries above :math:`x_{(\lceil k
-ceil)} -
-  l` that the plain kernel gathers into its lanes
+  length), from each row's candidates, the entries above
+  :math:`x_{(\lceil k\rceil)} - l` that the plain kernel gathers into its lanes
   (:func:`~implicit_topk.kernels.cpu.native_lanes.gather_block`): every entry above
   the plain threshold is one. A row with at least m+1 candidates has its m+1 largest
   entries among them; a row with at most ``m`` has at most ``m`` entries above its
