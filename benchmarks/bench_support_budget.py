@@ -142,7 +142,8 @@ def main():
   if opts.json:
     with open(opts.json, "w") as f:
       json.dump({"backend": jax.default_backend(), "jax": jax.__version__,
-                 "mode": opts.mode, "repeats": opts.repeats, "loadavg": [load_start[0], load_end[0]],
+                 "mode": opts.mode, "repeats": opts.repeats,
+                 "loadavg": [load_start[0], load_end[0]],
                  "cells": records}, f, indent=1)
 
 

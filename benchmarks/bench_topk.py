@@ -67,9 +67,11 @@ HARD = "hard fwd"
 DEFAULT_SOLVER = "auto"
 ALL_SOLVERS = ("auto", "threshold", "pav", "dykstra")  # the default --solvers
 MODES = ("percall", "ingraph")
-CHAIN_ELEMENTS = _timing.CHAIN_ELEMENTS  # in graph: cells up to this many entries are chained --chain times
+# in graph (benchmarks/_timing.py): cells up to CHAIN_ELEMENTS entries are chained --chain
+# times, fewer above (at least MIN_CHAIN); z <- z + CHAIN_STEP * op(z) links the calls
+CHAIN_ELEMENTS = _timing.CHAIN_ELEMENTS
 MIN_CHAIN = _timing.MIN_CHAIN
-CHAIN_STEP = _timing.CHAIN_STEP  # z <- z + CHAIN_STEP * op(z) links the chained calls
+CHAIN_STEP = _timing.CHAIN_STEP
 P_VALUES = ((4.0 / 3.0, "4/3"), (2.0, "2"))
 DYKSTRA_MAX_ELEMENTS = 1e5   # dykstra (p = 2 only) runs where n x batch <= this
 SLOW_CALL_S = 1.0            # above this, non-default contenders may get fewer repeats

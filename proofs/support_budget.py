@@ -184,9 +184,9 @@ def check_segments(rng, itk):
 
 
 def check_router_blocks(rng, itk):
-    """The library on batches of longer router rows (the CPU kernel solves a block of 64
-    such rows whose first two do not bind as the plain mask first: "In the CPU kernel"
-    (v)) against the reference mask at min(l, l*), row by row."""
+    """The library on batches of longer router rows (the CPU kernel takes them into its
+    lanes by their candidates and keeps the plain mask of a row with at most m of them:
+    "In the CPU kernel" (v)) against the reference mask at min(l, l*), row by row."""
     import jax.numpy as jnp
     checked = 0
     for trial in range(6):

@@ -145,15 +145,21 @@ def test_profile_native_prints_every_stage():
     assert all(v > 0 for v in stages + [float(v) for v in cells[6:]]), row
 
 
-def test_interleaved_timing_rotates_the_order():
-  # benchmarks/_timing.py: round r starts at the r-th contender, so over a multiple of
-  # the contenders' count each follows every other equally often (a call right after
-  # another contender's can run slower; a fixed order charged that to one of them)
+def _timing_module():
+  """``benchmarks/_timing.py``, imported as the scripts import it (their folder on the path)."""
   sys.path.insert(0, str(ROOT / "benchmarks"))
   try:
     import _timing  # pylint: disable=import-outside-toplevel
   finally:
     sys.path.remove(str(ROOT / "benchmarks"))
+  return _timing
+
+
+def test_interleaved_timing_rotates_the_order():
+  # benchmarks/_timing.py: round r starts at the r-th contender, so over a multiple of
+  # the contenders' count each follows every other equally often (a call right after
+  # another contender's can run slower; a fixed order charged that to one of them)
+  _timing = _timing_module()
   calls = []
   fns = {name: (lambda x, name=name: calls.append(name) or x) for name in "abc"}
   times = _timing.interleaved(fns, 0.0, repeats=6)
@@ -183,11 +189,7 @@ def test_support_budget_benchmark_runs(tmp_path, mode):
 
 
 def test_chained_op_feeds_each_output_to_the_next_call():
-  sys.path.insert(0, str(ROOT / "benchmarks"))
-  try:
-    import _timing  # pylint: disable=import-outside-toplevel
-  finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+  _timing = _timing_module()
   out = jax.jit(_timing.chained(lambda z: 2.0 * z, 4))(jnp.float32(1.0))
   assert float(out) == pytest.approx((1.0 + 2.0 * _timing.CHAIN_STEP) ** 4, rel=1e-6)
   assert _timing.chain_length(1000, 50) == 50 and _timing.chain_length(4_000_000, 50) == 12
