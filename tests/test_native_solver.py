@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import implicit_topk as itk
 import references as R
 from implicit_topk import problems
-from implicit_topk.kernels.cpu import abi, native_calls, registry
+from implicit_topk.kernels.cpu import abi, native_calls, native_threshold, registry
 from implicit_topk.solvers import mask_tangent, native
 from test_fuzz import FAST, SLOW, U32, U64, assert_close, k_rows, log_uniform, mtol, unit_rows
 from gradcheck import check_grads
@@ -118,6 +118,38 @@ def test_long_rows_and_many_rows_take_the_same_path_as_the_reference(n, k):
   l = np.array([0.5, 0.1, 0.1, 0.1, 0.05, 2.0])
   y = np.asarray(native_mask(x, float(k), l))
   assert_close(y, R.soft_topk_mask(x, k, l), mtol(x, k, l), "native long rows")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_gather_near_the_top_skips_only_blocks_without_candidates(dtype):
+  # White-box: the long rows' gather (``_gather_near_top``) skips the blocks of 64 entries
+  # with no entry above ``low``; numpy's boolean selection is the reference (the same
+  # entries, in row order, and the count at or above ``cut``). Rows: candidates in the
+  # first block only, in the last (partial) block only, one at each block boundary, an
+  # entry exactly at ``low`` (not a candidate), none at all; relative to 0 and to a far
+  # origin; lengths around the block's.
+  rng = np.random.default_rng(7)
+  lowest = -np.finfo(np.float64).max
+  work = np.empty(5000)
+  cases = 0
+  for n in (1, 63, 64, 65, 130, 1000, 4099):
+    for where in ("first", "last", "boundaries", "at_low", "none", "random"):
+      row = rng.normal(size=n) - 6.0
+      spots = {"first": [0], "last": [n - 1], "boundaries": list(range(63, n, 64)) + [0],
+               "at_low": [n // 2], "none": [], "random": list(rng.integers(0, n, 5))}[where]
+      row[spots] = 1.0 + rng.random(len(spots))
+      if where == "at_low":
+        row[n // 2] = 0.5
+      for origin in (0.0, -1e7):
+        x = (row - origin).astype(dtype)
+        v = np.maximum(x.astype(np.float64) - origin, lowest)
+        low, cut = (float(v[n // 2]), 1.5) if where == "at_low" else (0.5, 1.5)
+        count, above = native_threshold._gather_near_top(x, n, origin, cut, low, work)
+        chosen = v[v > low]
+        assert count == chosen.size and above == np.sum(chosen >= cut), (n, where, origin)
+        np.testing.assert_array_equal(work[:count], chosen)
+        cases += 1
+  assert cases == 2 * 7 * 6
 
 
 _SMALL_K_DEFAULT = {(8, 1.0), (64, 0.5), (8, 1.5), (512, 2.0), (513, 2.5)}  # the rest: slow

@@ -1,7 +1,8 @@
-"""The integer-key reduction of :mod:`implicit_topk.kernels.cpu.ordered_bits` against
-numpy's float comparison: rows with ties, signed zeros, subnormals, +-inf and the ends
+"""The integer-key reductions of :mod:`implicit_topk.kernels.cpu.ordered_bits` against
+Python's float comparison: rows with ties, signed zeros, subnormals, +-inf and the ends
 of the float range; thresholds at entries, one float64 ulp off them, between two
-float32 values, beyond float32's range, +-0 and +-inf."""
+float32 values, beyond float32's range, +-0 and +-inf; the largest entry of every
+range and of every block of a row."""
 
 import numpy as np
 import pytest
@@ -9,12 +10,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from implicit_topk.kernels.cpu.ordered_bits import smallest_above
+from implicit_topk.kernels.cpu.ordered_bits import block_largest, largest, smallest_above
 
 
 @njit(cache=False)
 def _compiled(row, n, lam):
   return smallest_above(row, n, lam)
+
+
+@njit(cache=False)
+def _compiled_largest(row, start, stop):
+  return largest(row, start, stop)
+
+
+@njit(cache=False)
+def _compiled_blocks(row, n, block, out):
+  block_largest(row, n, block, out)
+
+
+def _largest_reference(part):
+  """Python's ``max`` entry by entry in float64, +0 before -0; -inf for no entry."""
+  return max((float(v) for v in part), key=lambda v: (v, not np.signbit(v)), default=-np.inf)
 
 
 def _reference(row, lam):
@@ -65,3 +81,52 @@ def test_smallest_above_hand_cases(dtype):
   assert _compiled(row, 6, 3.0) == np.inf
   assert _compiled(row, 2, 1.5) == 2.0 and _compiled(row, 1, 0.5) == 1.0
   assert _compiled(row, 0, 0.0) == np.inf
+
+
+def _float_rows(dtype, max_size):
+  entries = st.one_of(st.sampled_from(SPECIAL),
+                      st.floats(allow_nan=False, width=32 if dtype == np.float32 else 64),
+                      st.integers(-4, 4).map(float))
+  return st.lists(entries, min_size=0, max_size=max_size)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@given(data=st.data())
+@settings(max_examples=300, deadline=None)
+def test_largest_is_the_float_maximum(dtype, data):
+  with np.errstate(over="ignore"):
+    row = np.array(data.draw(_float_rows(dtype, 200)), dtype)
+  start = data.draw(st.integers(0, row.size))
+  stop = data.draw(st.integers(start, row.size))
+  got = _compiled_largest(row, start, stop)
+  want = _largest_reference(row[start:stop])
+  assert got == want and np.signbit(got) == np.signbit(want), (row, start, stop, got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@given(data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_block_largest_is_each_blocks_maximum(dtype, data):
+  with np.errstate(over="ignore"):
+    row = np.array(data.draw(_float_rows(dtype, 300).filter(len)), dtype)
+  n = data.draw(st.integers(1, row.size))
+  block = data.draw(st.sampled_from([1, 3, 16, 64]))
+  out = np.full((n + block - 1) // block + 1, 7.0)
+  _compiled_blocks(row, n, block, out)
+  for b in range((n + block - 1) // block):
+    want = _largest_reference(row[b * block:min((b + 1) * block, n)])
+    assert out[b] == want and np.signbit(out[b]) == np.signbit(want), (row, n, block, b)
+  assert out[-1] == 7.0  # nothing past the last block
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_largest_hand_cases(dtype):
+  """By hand: signed zeros (+0 wins a tie of zeros), -inf alone, an empty range, a
+  subnormal above -0, the float maximum."""
+  row = np.array([-0.0, 0.0, -np.inf, 1e-45, -1.0, np.finfo(dtype).max], dtype)
+  assert _compiled_largest(row, 0, 2) == 0.0 and not np.signbit(_compiled_largest(row, 0, 2))
+  assert np.signbit(_compiled_largest(row, 0, 1))
+  assert _compiled_largest(row, 2, 3) == -np.inf
+  assert _compiled_largest(row, 3, 3) == -np.inf
+  assert _compiled_largest(row, 0, 4) == float(row[3]) > 0.0
+  assert _compiled_largest(row, 0, 6) == float(np.finfo(dtype).max)

@@ -69,7 +69,7 @@ from numba.extending import overload
 
 from implicit_topk.kernels.cpu import abi
 from implicit_topk.kernels.cpu.kinds import ENTROPY, KINDS, LAPLACE, PNORM, SIGMOID  # noqa: F401
-from implicit_topk.kernels.cpu.ordered_bits import smallest_above
+from implicit_topk.kernels.cpu.ordered_bits import block_largest, largest, smallest_above
 
 _SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quickselect
 _MAXITER = 200
@@ -77,6 +77,7 @@ _SAMPLED_ROW = 4096  # from this row length the first row's guess comes from a s
 _ONE_PASS_ROW = 512  # up to this row length, k <= 2: one pass finds the bracket (no guess)
 _IN_PLACE_ROW = 16  # up to this row length, k <= 2: Newton runs on the row itself (no gather)
 _SKIP_BLOCK = 16  # the first row's pass (_first_row_pass) skips blocks of this many entries
+_GATHER_BLOCK = 64  # _gather_near_top skips blocks of this many entries
 _LOWEST = -np.finfo(np.float64).max
 _EPS64 = float(np.finfo(np.float64).eps)
 _INT_MAX = np.int64(np.iinfo(np.int64).max)
@@ -422,13 +423,11 @@ def _all_finite(row, n):
   return non_finite == 0.0
 
 
-@njit(cache=True, error_model="numpy", fastmath=True)
+@njit(cache=True, error_model="numpy")
 def _max_of_finite(row, n):
-  """The maximum of a row of finite entries (vectorized: no NaN to order)."""
-  top = row[0]
-  for i in range(1, n):
-    top = max(top, row[i])
-  return float(top)
+  """The maximum of a row of finite entries, on their integer keys (vectorized:
+  :func:`~implicit_topk.kernels.cpu.ordered_bits.largest`)."""
+  return largest(row, 0, n)
 
 
 def float64_entries(values):
@@ -594,10 +593,26 @@ def _sample_cut(row, n, k, scratch):
 
 @njit(**_OPTIONS)
 def _gather_near_top(row, n, origin, cut, low, work):
-  """Copies the entries ``v - origin`` above ``low`` into ``work`` (branch-free);
-  returns their count and how many of them are at least ``cut``."""
+  """Copies the entries ``v - origin`` above ``low`` into ``work`` (branch-free) of a
+  row of finite entries; returns their count and how many of them are at least
+  ``cut``. By blocks of :data:`_GATHER_BLOCK` entries: a block with no entry above
+  ``low`` (a vectorized count; ``v - origin > low`` is the clamped test for a finite
+  ``low``) is skipped, so where few entries lie above ``low`` only the blocks near the
+  top are gathered entry by entry (a data-dependent store: 0.5 ns an entry)."""
   count = 0
-  for i in range(n):
+  full = n // _GATHER_BLOCK
+  for b in range(full):
+    base = np.uint64(b * _GATHER_BLOCK)  # (unsigned: the count's loop is vectorized)
+    hits = 0
+    for j in range(_GATHER_BLOCK):
+      hits += row[base + np.uint64(j)] - origin > low
+    if hits == 0:
+      continue
+    for j in range(_GATHER_BLOCK):
+      v = max(row[base + np.uint64(j)] - origin, _LOWEST)
+      work[count] = v
+      count += v > low
+  for i in range(full * _GATHER_BLOCK, n):
     v = max(row[i] - origin, _LOWEST)
     work[count] = v
     count += v > low
@@ -1059,22 +1074,12 @@ def _small_k_attempt(row, n, kb, lb, kind, a, tol, root_eps, work, guess, out, l
   return False, 0.0, 0, 0.0
 
 
-@njit(cache=True, error_model="numpy", fastmath=True)
+@njit(cache=True, error_model="numpy")
 def _block_maxima(row, n, out):
   """``out[b]`` = the maximum of the entries ``b B .. b B + B - 1`` of a row of finite
   entries (``B`` = :data:`_SKIP_BLOCK`, the last block shorter), vectorized as
   :func:`_max_of_finite`."""
-  full = n // _SKIP_BLOCK
-  for b in range(full):
-    top = row[b * _SKIP_BLOCK]
-    for i in range(1, _SKIP_BLOCK):
-      top = max(top, row[b * _SKIP_BLOCK + i])
-    out[b] = top
-  if full * _SKIP_BLOCK < n:
-    top = row[full * _SKIP_BLOCK]
-    for i in range(full * _SKIP_BLOCK + 1, n):
-      top = max(top, row[i])
-    out[full] = top
+  block_largest(row, n, _SKIP_BLOCK, out)
 
 
 @njit(inline="always", **_OPTIONS)
