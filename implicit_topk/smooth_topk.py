@@ -77,18 +77,40 @@ def _positional_strength(args: tuple, regularization_strength: Any, function: st
 
 
 def _on_last_axis(fn: Callable, x: ArrayLike, k: Any, l: Any, axis: int, op: str) -> jax.Array:
-  """``fn(rows / l, k)`` along ``axis`` (validated; half types computed in float32)."""
+  """``fn(rows, l, k)`` along ``axis``, ``l`` shaped to broadcast against the rows
+  (validated; half types computed in float32)."""
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
-  _validation.check_positive(l, "regularization_strength")
+  _validation.check_strength(l, x.dtype)
   _validation.check_broadcast(l, x.shape[:axis] + x.shape[axis + 1:], "regularization_strength")
   k = _check_static_k(k, x.shape[axis], op)
 
   def on_rows(rows):
     l_rows = jnp.asarray(l, rows.dtype)
-    return fn(rows / (jnp.expand_dims(l_rows, -1) if l_rows.ndim else l_rows), k)
+    return fn(rows, jnp.expand_dims(l_rows, -1) if l_rows.ndim else l_rows, k)
 
   return _apply.apply_on_axis(on_rows, x, axis)
+
+
+@jax.custom_jvp
+def _over(d, l):
+  """``d / l``, differentiated in ``l`` as ``-(d / l) / l``: autodiff of ``d / l`` forms
+  ``d * l**-2``, which overflows (and gives 0 * inf = NaN) for a small ``l``."""
+  return d / l
+
+
+@_over.defjvp
+def _over_jvp(primals, tangents):
+  (d, l), (t_d, t_l) = primals, tangents
+  u = d / l
+  return u, (t_d - u * t_l) / l
+
+
+def _strength_ok(l):
+  """``min_strength <= l < max_strength`` (the checked range; a traced ``l`` is not checked
+  before the call, so a strength outside it makes the row NaN instead)."""
+  return ((l >= _validation.min_strength(l.dtype))
+          & (l < _validation.max_strength(l.dtype)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -117,13 +139,13 @@ def _esp_step(log_e, u_i):
   return jnp.concatenate([log_e[..., :1], new], axis=-1), None
 
 
-def _log_esp(u, k: int):
+def _log_esp(u, k: int, center: bool = True):
   r"""``log e_k(exp(u))`` along the last axis, O(n k) time, O(k sqrt(n)) saved state.
 
   The carry holds :math:`\log e_j(u_1..u_i)`, ``j = 0..k`` (``-inf`` for ``j > i``).
   Every update adds positive terms (``logaddexp``): there is no subtraction, so no
-  cancellation, whatever the spread of ``u`` or the size of ``k``. The input is
-  centred at its (stop-gradient) maximum, so all exponents are <= 0.
+  cancellation, whatever the spread of ``u`` or the size of ``k``. With ``center``
+  the input is centred at its (stop-gradient) maximum, so all exponents are <= 0.
 
   The scan runs in ``ceil(n / T)`` blocks of ``T = ceil(sqrt(n))`` items, each block
   under :func:`jax.checkpoint`: reverse mode stores the carry at block boundaries
@@ -131,7 +153,8 @@ def _log_esp(u, k: int):
   residuals for a plain scan. Padding items are ``-inf`` (weight 0).
   """
   n = u.shape[-1]
-  c = jax.lax.stop_gradient(jnp.max(u, axis=-1, keepdims=True))
+  c = jnp.max(u, axis=-1, keepdims=True) if center else jnp.zeros_like(u[..., :1])
+  c = jax.lax.stop_gradient(c)
   us = jnp.moveaxis(u - c, -1, 0)  # (n, *batch)
   block = max(1, math.isqrt(n - 1) + 1)
   n_blocks = -(-n // block)
@@ -153,11 +176,37 @@ def _log_esp(u, k: int):
   return log_e[..., k] + k * c[..., 0]
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _grad_topk_last_axis(u, k: int):
-  log_z, vjp = jax.vjp(lambda u: _log_esp(u, k), u)
+@functools.partial(jax.jit, static_argnums=2)
+def _grad_topk_rows(x, l, k: int):
+  r"""GradTopK of the rows ``x`` at ``u = (x - t) / l``, ``t`` the k-th largest entry.
+
+  Shift invariance makes ``t`` free; with it an entry is far from the threshold region
+  when :math:`|u_i|` is large. Let :math:`c = \log(1 / \text{smallest subnormal}) +
+  2 \log n + 1` (about 746 + 2 log n in float64, 104 + 2 log n in float32). An entry with
+  :math:`u_i < -c` gets ``u = -inf`` (exact :math:`y_i < k e^{u_i}`), one with
+  :math:`u_i > c` (one that overflows included) ``u = c`` (exact
+  :math:`1 - y_i < (n - k) e^{-u_i}`): either moves every output by less than half the
+  smallest subnormal. The latter are moved to the end of the scan, where they change
+  no weight of the others: earlier, the carry would hold values ~c, and their rounding
+  would cost the other entries ~c ulps. ``u`` is not re-centred (|u| <= c).
+  """
+  n = x.shape[-1]
+  c = -math.log(float(jnp.finfo(x.dtype).smallest_subnormal)) + 2 * math.log(n) + 1
+  t = jax.lax.top_k(jax.lax.stop_gradient(x), max(k, 1))[0][..., -1:]
+  t = jnp.where(jnp.isfinite(t), t, 0)  # rows with t = +-inf are NaN below
+  d = x - t  # finite, or +-inf when it overflows
+  v = jax.lax.stop_gradient(d / l)
+  near = jnp.abs(v) <= c
+  top = v > c
+  # where(near, d, 0): no 0 * inf in the derivatives of the clamped entries
+  u = jnp.where(near, _over(jnp.where(near, d, 0), l), jnp.where(top, c, -jnp.inf))
+  order = jnp.argsort(top, axis=-1, stable=True)
+  u = jnp.take_along_axis(u, order, axis=-1)
+  log_z, vjp = jax.vjp(lambda u: _log_esp(u, k, center=False), u)
   (y,) = vjp(jnp.ones_like(log_z))
-  return jnp.where(jnp.isfinite(log_z)[..., None], y, jnp.nan)
+  y = jnp.take_along_axis(y, jnp.argsort(order, axis=-1), axis=-1)
+  bad = (~jnp.isfinite(log_z) | jnp.any(jnp.isnan(x) | (x == jnp.inf), axis=-1))[..., None]
+  return jnp.where(bad | ~_strength_ok(l), jnp.nan, y)
 
 
 @_apply.explicit_axes_as_auto
@@ -221,15 +270,26 @@ def grad_topk(x: ArrayLike, k: int, *args: ArrayLike,
       a ``DeprecationWarning``.
 
   Returns:
-    An array with the shape and dtype of ``x``, entries in (0, 1) summing to ``k``
-    along ``axis``.
+    An array with the shape and dtype of ``x``, entries in [0, 1] (in (0, 1) before
+    rounding) summing to ``k`` along ``axis``.
 
   Raises:
     TypeError: ``k`` is not a static Python int; the strength is given twice
       (positionally, as ``regularization_strength`` or as ``l``); more than three
       positional arguments.
-    ValueError: ``k`` outside ``[0, n]``; ``regularization_strength`` not finite
-      and > 0.
+    ValueError: ``k`` outside ``[0, n]``; ``regularization_strength`` not finite,
+      or outside ``2^-1022 <= l < 2^1022`` for float64 input, ``2^-126 <= l < 2^126``
+      for float32 and the half types (XLA reads a subnormal ``l`` or ``1 / l`` as 0).
+      A traced strength cannot be checked: under ``jit`` one outside that range gives
+      NaN.
+
+  Large inputs: the row is shifted by its k-th largest entry ``t`` before dividing
+  by ``l``; an entry with :math:`(x_i - t) / l` below :math:`-c` gets exactly 0, one
+  above :math:`c` (overflowing included) is treated as at :math:`c`, with
+  :math:`c \approx 746 + 2 \log n` in float64, :math:`104 + 2 \log n` in float32. That moves
+  no output by more than the smallest subnormal, so finite inputs give the exact answer
+  to rounding, e.g. the hard top-k mask when the gaps overflow ``x / l``:
+  ``x = [1e300, 0, 1]``, ``k = 2``, ``l = 1e-10`` gives ``[1, 0, 1]``.
 
   Non-finite inputs: ``-inf`` entries get 0 (if at least ``k`` entries are finite;
   otherwise no k-subset has positive weight and the row is NaN). NaN or ``+inf``
@@ -246,7 +306,7 @@ def grad_topk(x: ArrayLike, k: int, *args: ArrayLike,
   """
   regularization_strength = _positional_strength(args, regularization_strength, "grad_topk")
   l = _deprecation.strength(regularization_strength, l, "grad_topk")
-  return _on_last_axis(_grad_topk_last_axis, x, k, l, axis, "grad_topk")
+  return _on_last_axis(_grad_topk_rows, x, k, l, axis, "grad_topk")
 
 
 # ---------------------------------------------------------------------------------------
@@ -266,22 +326,32 @@ def _leave_one_out_sum(v):
   return prefix + suffix
 
 
-def _iterative_logits(u, k: int):
-  u = u - jnp.min(u, axis=-1, keepdims=True)
+def _iterative_logits(x, l, k: int):
+  # u = (x - min x) / l over the entries other than -inf; those get logit -inf in every
+  # round (weight exactly 0), through where()s that keep their derivatives 0, not 0 * inf.
+  keep = x != -jnp.inf
+  # lo keeps its derivative: the recursion is not invariant to shifts of u
+  lo = jnp.min(jnp.where(keep, x, jnp.inf), axis=-1, keepdims=True)
+  lo = jnp.where(lo < jnp.inf, lo, 0)
+  u = _over(jnp.where(keep, x, lo) - lo, l)
 
   def body(p, _):
-    return p + jax.nn.softmax((1 - p) * u, axis=-1), None
+    return p + jax.nn.softmax(jnp.where(keep, (1 - p) * u, -jnp.inf), axis=-1), None
 
-  p, _ = jax.lax.scan(body, jnp.zeros_like(u), None, length=k)
-  return p
+  p, _ = jax.lax.scan(body, jnp.zeros_like(x), None, length=k)
+  return jnp.where(_strength_ok(l), p, jnp.nan)
 
 
-def _iterative_weighted(u, k: int):
-  # p <- p + w e / <w, e> with w = 1 - p and e = exp(u - max u). The weights are
+def _iterative_weighted(x, l, k: int):
+  # p <- p + w e / <w, e> with w = 1 - p and e = exp((x - max x) / l) (0 where it
+  # underflows, -inf entries included). The weights are
   # updated as w <- w (Z_{-j} - p_j e_j) / Z, Z = <w, e>, Z_{-j} = sum_{m != j} w_m e_m,
   # which equals 1 - p in exact arithmetic but avoids forming 1 - p (for p_j = 1 - eps
   # that rounds to 0, which would hide the variant's true limit).
-  e = jnp.exp(u - jnp.max(u, axis=-1, keepdims=True))
+  d = x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+  v = jax.lax.stop_gradient(d / l)
+  gone = v < math.log(float(jnp.finfo(x.dtype).smallest_subnormal))  # e = 0 (NaN stays)
+  e = jnp.where(gone, 0, jnp.exp(_over(jnp.where(gone, 0, d), l)))
 
   def body(carry, _):
     p, w = carry
@@ -289,12 +359,12 @@ def _iterative_weighted(u, k: int):
     z = jnp.sum(v, axis=-1, keepdims=True)
     return (p + v / z, w * (_leave_one_out_sum(v) - p * e) / z), None
 
-  (p, _), _ = jax.lax.scan(body, (jnp.zeros_like(u), jnp.ones_like(u)), None, length=k)
-  return p
+  (p, _), _ = jax.lax.scan(body, (jnp.zeros_like(x), jnp.ones_like(x)), None, length=k)
+  return jnp.where(_strength_ok(l), p, jnp.nan)
 
 
-_VARIANTS = {"logits": jax.jit(_iterative_logits, static_argnums=1),
-             "weighted": jax.jit(_iterative_weighted, static_argnums=1)}
+_VARIANTS = {"logits": jax.jit(_iterative_logits, static_argnums=2),
+             "weighted": jax.jit(_iterative_weighted, static_argnums=2)}
 
 
 def iterative_softmax_topk(x: ArrayLike, k: int, *args: ArrayLike,
@@ -337,6 +407,14 @@ def iterative_softmax_topk(x: ArrayLike, k: int, *args: ArrayLike,
     float64, ~87 in float32); beyond that the round normalizers are 0 and the
     result is NaN. For ``k >= 3`` weights can become negative.
 
+  Non-finite inputs and large gaps: ``-inf`` entries get exactly 0 in both variants,
+  and the other entries what the recursion gives on the row without them (``"logits"``
+  takes the minimum over the entries above ``-inf`` and gives ``-inf`` entries the logit
+  ``-inf`` in every round); derivatives stay finite. A row of only ``-inf``, or with a
+  NaN or ``+inf`` entry, is NaN. ``"logits"``: a row where :math:`(x_i - \min x) / l`
+  overflows is NaN. ``"weighted"``: :math:`e^{(x_i - \max x) / l}` that underflows
+  (or overflows in the subtraction) is 0.
+
   Cost: O(n k) time (``k`` sequential softmax passes), O(n) memory forward and
   O(n k) for reverse-mode autodiff (it is differentiated by unrolling the k rounds).
   Not sparse; smooth.
@@ -361,8 +439,11 @@ def iterative_softmax_topk(x: ArrayLike, k: int, *args: ArrayLike,
   Raises:
     TypeError: ``k`` is not a static Python int; the strength is given twice;
       more than three positional arguments.
-    ValueError: ``k`` outside ``[0, n]``, ``regularization_strength`` not finite and
-      > 0, an unknown ``variant``.
+    ValueError: ``k`` outside ``[0, n]``; ``regularization_strength`` not finite, or
+      outside ``2^-1022 <= l < 2^1022`` for float64 input, ``2^-126 <= l < 2^126`` for
+      float32 and the half types (XLA reads a subnormal ``l`` or ``1 / l`` as 0); an
+      unknown ``variant``. A traced strength cannot be checked: under ``jit`` one
+      outside that range gives NaN.
 
   Example:
     >>> import jax.numpy as jnp

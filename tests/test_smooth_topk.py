@@ -10,6 +10,7 @@ Independent references (no code shared with the library):
 """
 
 import decimal
+import fractions
 import itertools
 import math
 
@@ -348,3 +349,168 @@ def test_iterative_check_grads_and_dtypes(variant):
                              iterative_softmax_topk(x, 3, regularization_strength=0.9, variant=variant), atol=3e-3)
   vm = jax.vmap(lambda r: iterative_softmax_topk(r, 3, regularization_strength=0.9, variant=variant))(x)
   np.testing.assert_allclose(vm, iterative_softmax_topk(x, 3, regularization_strength=0.9, variant=variant), atol=1e-15)
+
+
+# -- strength range, overflowing gaps, -inf entries (audit F2, F3, F9) -------------------
+
+
+def exact_brute_force(x, k, l, digits=60):
+  """y by enumerating k-subsets: subset sums of u = x / l as exact fractions (no overflow,
+  no rounding: ties stay ties), then exp of their differences in ``digits``-digit decimal."""
+  u = [fractions.Fraction(float(v)) / fractions.Fraction(float(l)) for v in x]
+  subsets = list(itertools.combinations(range(len(u)), k))
+  s = [sum((u[i] for i in S), fractions.Fraction(0)) for S in subsets]
+  m = max(s)
+  with decimal.localcontext() as ctx:
+    ctx.prec = digits
+    w = [(decimal.Decimal(d.numerator) / decimal.Decimal(d.denominator)).exp()
+         for d in (v - m for v in s)]  # exp of a huge negative number underflows to 0
+    z = sum(w)
+    return np.array([float(sum(wt for wt, S in zip(w, subsets) if i in S) / z)
+                     for i in range(len(u))])
+
+
+def _strength_edges(dtype):
+  """(smallest, largest) in-range strengths, and the nearest out-of-range ones."""
+  tiny = np.finfo(dtype).tiny
+  top = dtype(1) / tiny
+  return ((float(tiny), float(np.nextafter(top, dtype(0)))),
+          (float(np.nextafter(tiny, dtype(0))), float(top)))
+
+
+@pytest.mark.parametrize("op", [grad_topk, iterative_softmax_topk])
+@pytest.mark.parametrize("dtype, named", [(np.float32, (1e-38,)), (np.float64, (1e-310, 5e-324))])
+def test_strength_outside_the_float_range_raises(op, dtype, named):
+  """2^-126 <= l < 2^126 (float32), 2^-1022 <= l < 2^1022 (float64), docs/operators.md."""
+  x = jnp.asarray([0.3, -1.2, 2.0, 0.7], dtype)
+  _, outside = _strength_edges(dtype)
+  for l in outside + named:
+    with pytest.raises(ValueError, match=r"regularization_strength` must satisfy .* <= "
+                                         r"regularization_strength <"):
+      op(x, 2, regularization_strength=l)
+    with pytest.raises(ValueError, match="regularization_strength` must satisfy"):
+      op(x[None], 2, regularization_strength=np.full(1, l))  # per row
+  # a traced strength is not checked: NaN
+  for l in outside + (-1.0, 0.0):
+    y = jax.jit(lambda x, l: op(x, 2, regularization_strength=l))(x, jnp.asarray(l, dtype))
+    assert np.all(np.isnan(y)), (l, y)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_strength_at_the_edges_of_the_range(dtype):
+  """l = tiny: the hard top-k (x / l overflows); the largest l: k / n to O(x / l)."""
+  x = np.array([0.3, -1.2, 2.0, 0.7], dtype) / 4  # the logits variant needs (x - min) / l finite
+  (low, high), _ = _strength_edges(dtype)
+  for k in (1, 2, 3):
+    hard = hard_mask(x, k)
+    y = np.asarray(grad_topk(jnp.asarray(x), k, regularization_strength=low), np.float64)
+    np.testing.assert_array_equal(y, exact_brute_force(x, k, low))
+    np.testing.assert_array_equal(y, hard)
+    y = np.asarray(grad_topk(jnp.asarray(x), k, regularization_strength=high), np.float64)
+    np.testing.assert_allclose(y, exact_brute_force(x, k, high), rtol=1e-6)
+    np.testing.assert_allclose(y, k / 4, rtol=1e-6)
+    for variant in ("logits", "weighted"):
+      p = iterative_softmax_topk(jnp.asarray(x), k, regularization_strength=high, variant=variant)
+      np.testing.assert_allclose(p, k / 4, rtol=1e-6)
+    p = iterative_softmax_topk(jnp.asarray(x), k, regularization_strength=low)
+    np.testing.assert_array_equal(p, hard)
+
+
+def test_grad_topk_gaps_that_overflow_x_over_l_give_the_exact_limit():
+  """The audit's cases: x / l overflows for finite x; the answer is the hard top-k."""
+  cases = [([3e38, 0.0, 1.0], np.float32, 1, 0.5, [1, 0, 0]),
+           ([1e30, 0.0, -1e30], np.float32, 1, 1e-10, [1, 0, 0]),
+           ([1e300, 0.0, 1.0], np.float64, 2, 1e-10, [1, 0, 1]),
+           ([3e38, -3e38, -2e38, 0.0], np.float32, 3, 1.0, [1, 0, 1, 1]),  # x - t overflows
+           ([1.7e308, -1.7e308, 1e308], np.float64, 2, 1e-300, [1, 0, 1])]
+  for x, dtype, k, l, expected in cases:
+    x = jnp.asarray(x, dtype)
+    y = grad_topk(x, k, regularization_strength=l)
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(y, expected)
+    np.testing.assert_array_equal(y, exact_brute_force(np.asarray(x), k, l))
+    w = jnp.arange(1.0, x.size + 1, dtype=dtype)
+    gx, gl = jax.grad(lambda x, l: jnp.sum(w * grad_topk(x, k, regularization_strength=l)),
+                      argnums=(0, 1))(x, jnp.asarray(l, dtype))
+    assert np.all(np.isfinite(gx)) and np.isfinite(gl), (x, gx, gl)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grad_topk_huge_scales_and_ties_equal_exact_enumeration(dtype):
+  """Random rows (n <= 8) scaled so that x / l overflows or nearly does, with ties."""
+  rng = np.random.default_rng(20)
+  big = float(np.finfo(dtype).max) / 4
+  for trial in range(12):
+    n = (3, 5, 8)[trial % 3]
+    x = np.clip(rng.normal(size=n), -3, 3) * rng.choice([1.0, 1e10, big])
+    x[rng.integers(n)] = x[rng.integers(n)]          # a tie
+    x[: n // 3] = rng.choice([-1, 1], n // 3) * big  # entries near the float maximum
+    x = x.astype(dtype)
+    k = int(rng.integers(1, n))
+    for l in (2.0**-100, 1.0, 2.0**83):  # exact in float32
+      y = np.asarray(grad_topk(jnp.asarray(x), k, regularization_strength=l), np.float64)
+      expected = exact_brute_force(x, k, l)
+      atol = 1e-6 if dtype == np.float32 else 1e-14
+      np.testing.assert_allclose(y, expected, rtol=atol, atol=atol, err_msg=f"{x} k={k} l={l}")
+
+
+def test_grad_topk_derivatives_next_to_entries_beyond_the_range():
+  """Fractional entries next to clamped ones: derivatives vs float64 central differences."""
+  x = jnp.array([[1e300, 0.3, 0.0, -0.2, -1e300], [1.0, 0.5, -1e308, 1e308, 0.9]])
+  w = jnp.asarray(_rows(21, (2, 5)))
+  np.testing.assert_allclose(grad_topk(x, 2, regularization_strength=0.5)[0],
+                             exact_brute_force(np.asarray(x[0]), 2, 0.5), rtol=1e-14, atol=1e-300)
+  f = jax.jit(lambda x, l: grad_topk(x, 2, regularization_strength=l) * w)
+  check_grads(f, (x, 0.5), modes=("fwd", "rev"), atol=1e-6, rtol=1e-6, eps=1e-6)
+
+
+def iterative_reference(x, k, l, variant):
+  """The documented recursion in numpy; -inf entries take no part and get 0."""
+  x = np.asarray(x, np.float64)
+  keep = x > -np.inf
+  u = x[keep] / l
+  p = np.zeros(u.size)
+  if variant == "logits":
+    u = u - u.min()
+    for _ in range(k):
+      z = (1 - p) * u
+      e = np.exp(z - z.max())
+      p = p + e / e.sum()
+  else:
+    e = np.exp(u - u.max())
+    for _ in range(k):
+      v = (1 - p) * e
+      p = p + v / v.sum()
+  out = np.zeros(x.size)
+  out[keep] = p
+  return out
+
+
+@pytest.mark.parametrize("variant", ["logits", "weighted"])
+def test_iterative_neg_inf_entries_get_zero(variant):
+  rows = [([0.0, -np.inf, 1.0], 1), ([0.0, -np.inf, 1.0], 2),
+          ([-np.inf, 0.5, -2.0, -np.inf, 1.5, 0.2], 3),
+          ([-np.inf, 0.5, -2.0, 0.3, 1.5, -np.inf], 1)]
+  for x, k in rows:
+    p = np.asarray(iterative_softmax_topk(jnp.asarray(x), k, regularization_strength=0.7,
+                                          variant=variant))
+    np.testing.assert_allclose(p, iterative_reference(x, k, 0.7, variant), rtol=1e-13, atol=1e-300)
+    assert np.all(p[np.isneginf(x)] == 0)
+    if k == 1:  # softmax(x / l), with 0 at -inf
+      e = np.exp(np.asarray(x) / 0.7 - np.max(x) / 0.7)
+      np.testing.assert_allclose(p, e / e.sum(), rtol=1e-13)
+    gx, gl = jax.grad(
+        lambda x, l: jnp.sum(jnp.arange(len(x)) * iterative_softmax_topk(
+            x, k, regularization_strength=l, variant=variant)), argnums=(0, 1))(jnp.asarray(x), 0.7)
+    assert np.all(np.isfinite(gx)) and np.isfinite(gl), (x, gx, gl)
+    assert np.all(gx[np.isneginf(x)] == 0)
+  for x in ([-np.inf, -np.inf], [0.0, np.nan, 1.0], [0.0, np.inf, 1.0]):
+    assert np.all(np.isnan(iterative_softmax_topk(jnp.asarray(x), 1, variant=variant))), x
+
+
+def test_iterative_beyond_the_float_range():
+  """logits: (x - min x) / l overflows -> NaN; weighted: exp((x - max x) / l) -> 0."""
+  x = jnp.array([3e38, 0.0, 1.0], jnp.float32)
+  assert np.all(np.isnan(iterative_softmax_topk(x, 1, regularization_strength=0.5)))
+  p = iterative_softmax_topk(x, 1, regularization_strength=0.5, variant="weighted")
+  np.testing.assert_array_equal(p, [1.0, 0.0, 0.0])
