@@ -13,8 +13,8 @@ are the least disturbed), the loss and its gradient with respect to the logits
 The losses: the softmax cross-entropy (the reference), ``topk_cross_entropy`` with
 ``p_k = [0, 0, 0, 0, 1]`` and ``[0.5, 0, 0, 0, 0.5]``, ``topk_fenchel_young_loss``
 (top-1, one-hot target) and ``smooth_topk_svm_loss`` (k = 5), and the smooth top-k SVM's
-one sequential part alone: the log-space recursion over the classes
-(``losses._log_esp``, one ``lax.scan`` step per class) and its gradient, as a bare
+one sequential part alone: the soft-maximum recursion over the classes
+(``losses._soft_esp``, one ``lax.scan`` step per class) and its gradient, as a bare
 ``lax.scan``. Called eagerly, a bare ``lax.scan`` is traced and compiled again at every
 call (its transpose too); the loss itself runs it inside one ``jax.jit``, so only its
 first call compiles.
@@ -51,7 +51,8 @@ def cross_entropy(logits, labels):
 def contenders(k: int):
   fy = lambda s, y: losses.topk_fenchel_young_loss(s, jax.nn.one_hot(y, s.shape[-1], dtype=s.dtype), 1,
                                                    reduction="mean")
-  esp = lambda s, y: sum(jnp.sum(v) for v in losses._log_esp(s, k))  # pylint: disable=protected-access
+  esp = lambda s, y: sum(jnp.sum(v) for v in losses._soft_esp(  # pylint: disable=protected-access
+      s, jnp.zeros(s.shape, bool), jnp.ones(s.shape[:-1], s.dtype), k))
   return {
       "softmax cross-entropy": cross_entropy,
       "topk_cross_entropy p_k=[0,0,0,0,1]": functools.partial(

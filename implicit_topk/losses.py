@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 from jax.typing import ArrayLike
 
 from implicit_topk import _apply
@@ -193,6 +194,8 @@ def topk_cross_entropy(
   strength on the scale of the spread of the logits or ``standardize=True``
   (``docs/guides/choosing.md``, "The top-k losses", measures both).
 
+  Non-finite inputs: a row with a ``+inf`` logit returns NaN (value and gradient).
+
   Where we differ from difftopk: the default operator is our sparse mask
   (``regularization_strength``, ``p``/``regularizer``, ``solver``); the membership for a sorting network is
   read from :func:`~implicit_topk.baselines.sorting_network` with ``k = K`` (difftopk's
@@ -306,26 +309,62 @@ def topk_cross_entropy(
   return _reduce(loss.astype(logits.dtype), reduction)
 
 
-def _fy_conjugate(regularizer, solver):
-  """f*(theta) = max_{y in C_k} <theta, y> - l Omega(y), with derivatives by Danskin's theorem."""
+def _fy_value(theta, target, y, l, regularizer):
+  """L = <theta - c, y - t> + l (Omega(t) - Omega(y)), with c the mask's threshold.
+
+  Equal to f*(theta) + l Omega(t) - <theta, t> when sum(y) = sum(t) = k, for any c. With
+  c = lambda, read off the most fractional entry j of y (theta_j - l omega'(y_j); theta_j
+  where y has no fractional entry or the regularizer no ``omega_prime``), an error
+  delta in the mask costs (lambda - c) delta + O(delta^2) instead of lambda delta, and the
+  value does not move when a constant is added to the row. An infinite score whose
+  target equals y there contributes 0 (not 0 * inf = NaN).
+  """
+  theta_, y_ = jax.lax.stop_gradient(theta), jax.lax.stop_gradient(y)
+  finite = jnp.isfinite(theta_)
+  j = jnp.argmin(jnp.where(finite, jnp.abs(y_ - 0.5), jnp.inf), axis=-1, keepdims=True)
+  pick = jnp.arange(theta.shape[-1]) == j  # a sum, not a gather: fine on a sharded row
+  c = jnp.sum(jnp.where(pick & finite, theta_, 0.0), axis=-1, keepdims=True)
+  y_j = jnp.sum(jnp.where(pick, y_, 0.0), axis=-1, keepdims=True)
+  omega_prime = getattr(regularizer, "omega_prime", None)
+  if omega_prime is not None:
+    inside = (y_j > 0) & (y_j < 1)
+    slope = omega_prime(jnp.where(inside, y_j, 0.5))
+    c = c - jnp.where(inside, jax.lax.stop_gradient(l)[..., None] * slope, 0.0)
+  diff = y - target
+  shifted = jnp.where(~finite & (diff == 0), c, theta) - c
+  omega_gap = regularizer.omega(target) - regularizer.omega(y)
+  return jnp.sum(shifted * diff, axis=-1) + l * jnp.sum(omega_gap, axis=-1)
+
+
+def _fy_loss(regularizer, solver):
+  """The Fenchel-Young loss of a row, with Danskin's derivatives in theta and l."""
+
+  def mask(theta, k, l):
+    return ops.soft_topk_mask(theta, k, regularization_strength=l, regularizer=regularizer,
+                              solver=solver)
 
   @jax.custom_jvp
-  def conjugate(theta, k, l):
-    y = ops.soft_topk_mask(theta, k, regularization_strength=l, regularizer=regularizer,
-                           solver=solver)
-    return jnp.sum(theta * y, axis=-1) - l * jnp.sum(regularizer.omega(y), axis=-1)
+  def loss(theta, target, k, l):
+    return jnp.maximum(_fy_value(theta, target, mask(theta, k, l), l, regularizer), 0.0)
 
-  @conjugate.defjvp
-  def conjugate_jvp(primals, tangents):
-    theta, k, l = primals
-    d_theta, _, d_l = tangents
-    y = ops.soft_topk_mask(theta, k, regularization_strength=l, regularizer=regularizer,
-                           solver=solver)
-    omega = jnp.sum(regularizer.omega(y), axis=-1)
-    value = jnp.sum(theta * y, axis=-1) - l * omega
-    return value, jnp.sum(y * d_theta, axis=-1) - omega * d_l
+  def loss_jvp(primals, tangents):
+    theta, target, k, l = primals
+    d_theta, d_target, _, d_l = tangents
+    y = mask(theta, k, l)
+    value = functools.partial(_fy_value, theta, y=y, l=l, regularizer=regularizer)
+    if isinstance(d_target, SymbolicZero):
+      out, tangent = value(target), jnp.zeros(theta.shape[:-1], theta.dtype)
+    else:  # dL/dt = l omega'(t) - (theta - c): the partial derivative at fixed y = y*(theta)
+      out, tangent = jax.jvp(value, (target,), (d_target,))
+    if not isinstance(d_theta, SymbolicZero):
+      tangent = tangent + jnp.sum((y - target) * d_theta, axis=-1)
+    if not isinstance(d_l, SymbolicZero):
+      omega_gap = regularizer.omega(target) - regularizer.omega(y)
+      tangent = tangent + jnp.sum(omega_gap, axis=-1) * d_l
+    return jnp.maximum(out, 0.0), tangent
 
-  return conjugate
+  loss.defjvp(loss_jvp, symbolic_zeros=True)
+  return loss
 
 
 def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayLike, *,
@@ -355,7 +394,31 @@ def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayL
 
   exactly sparse where :math:`y^\star` is (Danskin's theorem; ``proofs/fenchel_young.md``).
   One mask solve per row, no :math:`n \times n` array; second derivatives (Hessian =
-  the mask's Jacobian) are the implicit ones. Not differentiated w.r.t. ``k``.
+  the mask's Jacobian) are the implicit ones. Not differentiated w.r.t. ``k``; w.r.t.
+  ``target_mask`` the derivative is :math:`l\,\omega'(y) - (\theta - \lambda)`.
+
+  Evaluated without cancellation: as :math:`\sum_i y_i = \sum_i y^\star_i = k`,
+
+  .. math::
+
+      L = \langle \theta - \lambda, y^\star - y\rangle + l\,(\Omega(y) - \Omega(y^\star)),
+
+  with :math:`\lambda` the mask's threshold (read off its most fractional entry, where
+  :math:`\theta_i - \lambda = l\,\omega'(y^\star_i)`). A rounding error :math:`\delta`
+  in :math:`y^\star` then enters as :math:`(\hat\lambda - \lambda)\,\delta + O(\delta^2)`
+  (:math:`\hat\lambda`: the threshold as computed), not as :math:`\lambda\,\delta`:
+  the value is accurate relative to
+  the spread of the scores, whatever their offset or scale, and it does not change when
+  a constant is added to a row. It is clamped at 0 (the exact loss is >= 0 on
+  :math:`C_k`, so the clamp only removes rounding error); the derivatives above are
+  unchanged by it.
+
+  Non-finite inputs: an infinite score whose target equals the mask there (``-inf``
+  with target 0, ``+inf`` with target 1) contributes nothing, as if removed from the
+  row (with ``k`` reduced by the ``+inf`` entries); its gradient entry is 0. A
+  ``-inf`` score with a positive target, or a ``+inf`` score with a target below 1,
+  gives ``+inf``. NaN scores, and rows where the mask has no threshold (see
+  :func:`~implicit_topk.soft_topk_mask`), give NaN.
 
   Args:
     scores: float array of any shape; ``axis`` holds the ``n`` candidates.
@@ -414,9 +477,8 @@ def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayL
   k = jnp.asarray(k, dtype)
   l = jnp.asarray(l, dtype)
   batch = theta.shape[:-1]
-  conj = _fy_conjugate(reg, solver)(theta, jnp.broadcast_to(jax.lax.stop_gradient(k), batch),
-                                            jnp.broadcast_to(l, batch))
-  loss = conj + l * jnp.sum(reg.omega(target), axis=-1) - jnp.sum(theta * target, axis=-1)
+  loss = _fy_loss(reg, solver)(theta, target, jnp.broadcast_to(jax.lax.stop_gradient(k), batch),
+                               jnp.broadcast_to(l, batch))
   # A traced target outside C_k: NaN loss and gradient (a factor, so that the gradient is
   # NaN too), never a meaningless number.
   loss = loss * jnp.where(in_set, 1.0, jnp.nan).astype(loss.dtype)
@@ -436,19 +498,60 @@ def _log_zero(dtype, k):
   return float(jnp.finfo(dtype).min) / (4 * (k + 2))
 
 
-def _log_esp(x, k):
-  """log e_{k-1}(exp x), log e_k(exp x) (elementary symmetric polynomials) by a log-space DP, O(nk)."""
-  neg = _log_zero(x.dtype, k)
-  # *_like of the input: the carry keeps shard_map's varying axes (check_vma).
-  first = jnp.zeros_like(x[..., :1])
-  init = jnp.concatenate([first, jnp.broadcast_to(first + neg, x.shape[:-1] + (k,))], axis=-1)
+@jax.custom_jvp
+def _soft_gap(gap, tau):
+  """tau log(1 + exp(-gap / tau)) for gap >= 0: in [0, tau log 2], no overflow for any tau > 0.
 
-  def step(e, xi):
-    shifted = jnp.concatenate([jnp.full(e.shape[:-1] + (1,), neg, e.dtype), e[..., :-1] + xi[..., None]],
-                              axis=-1)
-    return jnp.logaddexp(e, shifted), None
+  Its derivatives, -sigmoid(-r) in gap and log(1 + e^-r) + r sigmoid(-r) in tau (r =
+  gap / tau), are written out: autodiff of gap / tau in tau forms gap tau^-2, which
+  overflows for tiny tau (then inf * 0 = NaN).
+  """
+  return tau * jnp.log1p(jnp.exp(-gap / tau))
 
-  e, _ = jax.lax.scan(step, init, jnp.moveaxis(x, -1, 0))
+
+@_soft_gap.defjvp
+def _soft_gap_jvp(primals, tangents):
+  gap, tau = primals
+  d_gap, d_tau = tangents
+  r = gap / tau
+  e = jnp.exp(-r)
+  sig = e / (1 + e)
+  r_sig = jnp.where(e > 0, jnp.where(e > 0, r, 0.0) * sig, 0.0)  # r sigmoid(-r) -> 0 as r -> inf
+  return tau * jnp.log1p(e), -sig * d_gap + (jnp.log1p(e) + r_sig) * d_tau
+
+
+def _soft_max(a, b, tau):
+  """tau logaddexp(a / tau, b / tau), computed in the units of a and b.
+
+  The gap is max - min, not |a - b|: at a tie its derivative is 0 (max and min split a
+  tie's derivative in halves; abs takes one side), so the derivative is sigmoid(0) = 1/2.
+  """
+  high, low = jnp.maximum(a, b), jnp.minimum(a, b)
+  return high + _soft_gap(jnp.where(high == low, 0.0, high - low), tau)  # -inf - -inf: 0
+
+
+def _soft_esp(x, skip, tau, k):
+  """E_j = tau log e_j(exp(x / tau)) over the entries not skipped, j = k-1 and k (e_j: the
+  elementary symmetric polynomials), by a DP in the units of x: O(nk), no overflow.
+
+  E_j is defined once j entries are in; before, it is masked out (no finite stand-in
+  for log 0, which would not stay negligible against tau log 2 for a huge tau).
+  """
+  j = jnp.arange(k + 1)
+  counts = jnp.cumsum(~skip, axis=-1) - ~skip  # entries in before each column
+  init = jnp.zeros_like(x[..., :1]) + jnp.zeros(k + 1, x.dtype)  # E_0 = 0; the rest unset
+  tau = tau[..., None]
+
+  def step(e, inputs):
+    xi, skip_i, count = inputs
+    shifted = jnp.concatenate([e[..., :1], e[..., :-1] + xi[..., None]], axis=-1)  # E_{j-1} + x_i
+    old = j <= count[..., None]  # E_j defined before this entry
+    new = (j >= 1) & (j <= count[..., None] + 1)  # E_{j-1} defined
+    both = jnp.where(old & new, _soft_max(e, shifted, tau), jnp.where(new, shifted, e))
+    return jnp.where(skip_i[..., None], e, both), None
+
+  inputs = tuple(jnp.moveaxis(v, -1, 0) for v in (x, skip, counts))
+  e, _ = jax.lax.scan(step, init, inputs)
   return e[..., k - 1], e[..., k]
 
 
@@ -472,12 +575,15 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
           \exp\Big(\frac{\alpha [c \notin S] + \bar s_S}{\tau}\Big)
         - \tau \log \sum_{S \in \mathcal{Y}_k^c} \exp\Big(\frac{\bar s_S}{\tau}\Big),
 
-  evaluated as :math:`\tau[\mathrm{logaddexp}(\log e_k + \alpha/\tau,\ \log e_{k-1} + s_c/(k\tau))
-  - (\log e_{k-1} + s_c/(k\tau))]` with :math:`e_j` the elementary symmetric polynomials of
-  :math:`\exp(s_{j'}/(k\tau))` over the classes :math:`j' \ne c` (a log-space DP,
-  :math:`O(nk)`; autodiff through it is stable). As :math:`\tau \to 0` it tends to the hard
-  top-k SVM loss :math:`\max(0,\ \frac1k\sum \mathrm{top}_k(s_{\ne c} + \alpha) -
-  \frac1k(\sum\mathrm{top}_{k-1}(s_{\ne c}) + s_c))`.
+  evaluated as :math:`\tau\,\mathrm{softplus}((E_k + \alpha - E_{k-1} - s_c/k)/\tau)` with
+  :math:`E_j = \tau \log e_j` and :math:`e_j` the elementary symmetric polynomials of
+  :math:`\exp(s_{j'}/(k\tau))` over the classes :math:`j' \ne c` (a DP, :math:`O(nk)`, whose
+  every step is a soft maximum :math:`\max(a, b) + \tau\log(1 + e^{-|a - b|/\tau})`: all
+  in the units of the scores, so no :math:`s/\tau` is formed and nothing overflows,
+  however small :math:`\tau`). As :math:`\tau \to 0` it tends to the hard top-k SVM
+  loss :math:`L_0 = \max(0,\ \frac1k\sum \mathrm{top}_k(s_{\ne c} + \alpha) -
+  \frac1k(\sum\mathrm{top}_{k-1}(s_{\ne c}) + s_c))`; for every :math:`\tau`,
+  :math:`|L_{k,\tau} - L_0| \le \tau \log\binom{n}{k}`.
 
   ``mode="smooth_hard"`` (``SmoothHardTopKLoss``) uses the hard loss for the rows where the
   k-th and (k+1)-th largest scores differ by at least :math:`k\tau\log(\mathrm{thresh})`
@@ -487,8 +593,14 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
     scores: float array ``(..., n)`` (classes on the last axis).
     labels: int array ``(...)`` of class indices in ``[0, n)``.
     k: a Python int, ``1 <= k < n`` (positional or keyword).
-    tau: temperature > 0 (default 1.0).
-    alpha: the margin (default 1.0).
+    tau: temperature (default 1.0), a scalar or an array broadcastable to the batch
+      shape ``scores.shape[:-1]`` (one per example), with ``tiny <= tau < 1 / tiny``
+      (``tiny``: the smallest normal number of the compute dtype, float32 for half
+      inputs; XLA reads a subnormal ``tau`` as 0). Over that whole range the value and
+      the derivatives (in ``scores``, ``tau`` and ``alpha``) are finite for finite
+      scores; a tiny ``tau`` gives the hard loss up to :math:`\tau\log\binom{n}{k}`.
+    alpha: the margin (default 1.0), finite, a scalar or an array broadcastable to the
+      batch shape.
     mode: ``"smooth"`` (default) or ``"smooth_hard"``.
     thresh: the switch of ``"smooth_hard"`` (default 1e3, difftopk's).
     reduction: ``"none"`` (default: one loss per example), ``"mean"`` (difftopk's) or
@@ -500,7 +612,16 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
 
   Raises:
     TypeError: a non-integer ``k`` or ``labels``.
-    ValueError: ``k`` outside ``[1, n)``, ``tau <= 0`` or labels out of range.
+    ValueError: ``k`` outside ``[1, n)``, ``tau`` outside ``[tiny, 1 / tiny)``, a
+      non-finite ``alpha``, a ``tau`` or ``alpha`` whose shape does not broadcast to
+      the batch shape, or labels out of range.
+
+  Non-finite inputs: ``-inf`` scores of classes other than the label drop out (the
+  loss of the row without them) while at least ``k`` other classes stay finite (with
+  ``k - 1`` the loss is 0, with fewer NaN); a ``-inf`` label score gives ``+inf``, a
+  ``+inf`` label score 0. A row with a ``+inf`` score of another class returns NaN (value and
+  gradient), as does a row with a NaN score. Under ``jit`` a traced ``tau`` is not
+  checked: a subnormal or zero one gives NaN.
 
   Example:
     >>> import jax.numpy as jnp
@@ -513,12 +634,20 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
   labels = _check_labels(labels, scores)
   n = scores.shape[-1]
   _validation.check_k(k, n, integer=True, allow_zero=False, allow_n=False)
-  _validation.check_positive(tau, "tau")
+  batch = scores.shape[:-1]
+  for value, name in ((tau, "tau"), (alpha, "alpha")):  # per example: no class axis
+    _validation.check_broadcast(value, batch, name, "`scores`' shape without the class axis")
+  _validation.check_strength(tau, scores.dtype, "tau")
+  concrete_alpha = _validation.concrete(alpha)
+  if concrete_alpha is not None and not np.all(np.isfinite(concrete_alpha)):
+    raise ValueError(f"`alpha` must be finite; got {_validation.shown(alpha)}.")
   _validation.check_choice(mode, "mode", ("smooth", "smooth_hard"))
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
   dtype = _validation.compute_dtype(scores.dtype)
-  loss = _smooth_topk_svm(scores.astype(dtype), labels, jnp.asarray(tau, dtype),
-                          jnp.asarray(alpha, dtype), k=int(k), mode=mode, thresh=float(thresh))
+  loss = _smooth_topk_svm(scores.astype(dtype), labels,
+                          jnp.broadcast_to(jnp.asarray(tau, dtype), batch),
+                          jnp.broadcast_to(jnp.asarray(alpha, dtype), batch),
+                          k=int(k), mode=mode, thresh=float(thresh))
   return _reduce(loss.astype(scores.dtype), reduction)
 
 
@@ -536,23 +665,28 @@ def _smooth_topk_svm(s, labels, tau, alpha, *, k, mode, thresh):
   dtype = s.dtype
   is_label = jnp.arange(n) == labels[..., None]
   s_label = jnp.take_along_axis(s, labels[..., None], axis=-1)[..., 0]
-  neg = _log_zero(dtype, k)
-  others = jnp.where(is_label, neg, s)
 
-  log_ekm1, log_ek = _log_esp(jnp.where(is_label, neg, s / (k * tau)), k)
-  with_label = log_ekm1 + s_label / (k * tau)
-  smooth = tau * (jnp.logaddexp(log_ek + alpha / tau, with_label) - with_label)
+  def smooth(tau):
+    # L = softplus_tau(E_k + alpha - W), W = E_{k-1} + s_c / k, E_j = tau log e_j(exp(s_{!=c} /
+    # (k tau))), all in the units of s: as tau -> 0 every soft max becomes a max.
+    e_km1, e_k = _soft_esp(s / k, is_label, tau, k)
+    with_label = e_km1 + s_label / k
+    return _soft_max(e_k + alpha - with_label, jnp.zeros_like(with_label), tau)
+
   if mode == "smooth":
-    return smooth
+    return smooth(tau)
 
-  top_plus, _ = jax.lax.top_k(others + alpha, k)
+  others = jnp.where(is_label, _log_zero(dtype, k), s)
+  top_plus, _ = jax.lax.top_k(others + alpha[..., None], k)
   max_1 = jnp.mean(top_plus, axis=-1)
   top_others, _ = jax.lax.top_k(others, k - 1) if k > 1 else (jnp.zeros(s.shape[:-1] + (0,), dtype), None)
   max_2 = (jnp.sum(top_others, axis=-1) + s_label) / k
   hard_loss = jnp.maximum(max_1 - max_2, 0.0)
   top_all, _ = jax.lax.top_k(jax.lax.stop_gradient(s), k + 1)
   use_hard = top_all[..., k - 1] - top_all[..., k] >= k * tau * math.log(thresh)
-  return jnp.where(use_hard, hard_loss, smooth)
+  # Rows that take the hard loss evaluate the smooth one at tau = 1 (unused): nothing
+  # from the unused branch, NaN included, reaches the value or the gradient.
+  return jnp.where(use_hard, hard_loss, smooth(jnp.where(use_hard, jnp.ones_like(tau), tau)))
 
 
 @_apply.explicit_axes_as_auto

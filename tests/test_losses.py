@@ -1,6 +1,7 @@
 """Losses: hand-checkable values, gradient checks, difftopk cross-checks (optional peer)."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -185,6 +186,108 @@ def test_fenchel_young_gradient_convexity():
     L.topk_fenchel_young_loss(theta, target, k=2)
 
 
+def _mask_bisect(theta, k, l, p=4.0 / 3.0):
+  """The p-norm top-k mask by bisection on the threshold in float64 (finite entries;
+  -inf gets 0 and +inf 1, k counting the +inf entries), and the threshold."""
+  theta = np.asarray(theta, np.float64)
+  finite = np.isfinite(theta)
+  k_left = k - np.sum(theta == np.inf)
+
+  def bisect(x):  # the mask of x, with its threshold
+    mask = lambda lam: np.clip((x - lam) / l, 0.0, 1.0) ** (1.0 / (p - 1.0))
+    lo, hi = x.min() - l, x.max()
+    while lo < lo + (hi - lo) / 2 < hi:
+      mid = lo + (hi - lo) / 2
+      lo, hi = (mid, hi) if math.fsum(mask(mid)) > k_left else (lo, mid)
+    return mask(lo), lo
+
+  # Twice: the threshold of theta is only known to its ulp, so the second solve is on
+  # theta minus the entry nearest the first threshold (the differences that matter, those
+  # below l, are exact), where it is known to the ulp of a number below l.
+  _, lam = bisect(theta[finite])
+  x = theta[finite] - theta[finite][np.argmin(np.abs(theta[finite] - lam))]
+  y = np.where(theta == np.inf, 1.0, 0.0)
+  y[finite] = bisect(x)[0]
+  return y
+
+
+def _fy_reference(theta, target, k, l, p=4.0 / 3.0):
+  """f*(theta) + l Omega(t) - <theta, t> on the finite entries, at the bisection mask."""
+  theta, target = np.asarray(theta, np.float64), np.asarray(target, np.float64)
+  y = _mask_bisect(theta, k, l, p)
+  f = np.isfinite(theta)
+  omega = lambda v: math.fsum((np.abs(v) ** p / p).tolist())
+  return (math.fsum((theta[f] * y[f]).tolist()) - l * omega(y[f]) + l * omega(target[f])
+          - math.fsum((theta[f] * target[f]).tolist()))
+
+
+def _fy_exact_p2(theta, target, k, l):
+  """The p = 2 loss in exact rational arithmetic: the threshold solves a piecewise linear
+  equation (exactly, between two breakpoints), then f*(theta) + l/2 |t|^2 - <theta, t>."""
+  from fractions import Fraction as F
+  th, t, k, l = [F(float(v)) for v in theta], [F(float(v)) for v in target], F(k), F(l)
+  total = lambda lam: sum(min(F(1), max(F(0), (v - lam) / l)) for v in th)
+  points = sorted({v for v in th} | {v - l for v in th})
+  lo = max(b for b in points if total(b) >= k)
+  hi = min(b for b in points if b >= lo and total(b) <= k)
+  lam = lo if hi == lo else lo + (total(lo) - k) / (total(lo) - total(hi)) * (hi - lo)
+  y = [min(F(1), max(F(0), (v - lam) / l)) for v in th]
+  assert sum(y) == k
+  value = (sum(a * b for a, b in zip(th, y)) - l / 2 * sum(v * v for v in y)
+           + l / 2 * sum(v * v for v in t) - sum(a * b for a, b in zip(th, t)))
+  return float(value)
+
+
+def test_fenchel_young_accurate_at_any_scale_and_offset():
+  """The loss is evaluated around the threshold: no cancellation of <theta, y*> against
+  <theta, t> (each ~ |theta| k), so it is accurate relative to |theta| eps, and >= 0."""
+  eps = np.finfo(np.float64).eps
+  base = np.random.default_rng(5).normal(size=8)
+  for scale in (1e0, 1e3, 1e6, 1e9, 1e12):
+    for shift in (0.0, 1e6, -3e7):
+      theta = base * scale + shift
+      # At the target y*(theta) (an independent bisection) the exact loss is 0.
+      target = _mask_bisect(theta, 7.999, 1.0)
+      value = float(L.topk_fenchel_young_loss(jnp.asarray(theta), jnp.asarray(target), 7.999))
+      assert 0.0 <= value <= 4 * theta.size * eps * np.abs(theta).max(), (scale, shift, value)
+      # p = 2 against exact rational arithmetic, dyadic targets (sum exactly k).
+      for k, tg in ((3.0, [1, 0.5, 0.25, 0.75, 0.5, 0, 0, 0]), (2.5, [0, 0, 1, 0, 0.5, 0, 0, 1])):
+        tg = np.asarray(tg, np.float64)
+        got = float(L.topk_fenchel_young_loss(jnp.asarray(theta), jnp.asarray(tg), k, p=2.0,
+                                              regularization_strength=0.5))
+        np.testing.assert_allclose(got, _fy_exact_p2(theta, tg, k, 0.5), rtol=1e-12,
+                                   err_msg=f"scale {scale}, shift {shift}, k {k}")
+
+
+def test_fenchel_young_infinite_scores():
+  """An infinite score whose target equals the mask there (-inf and 0, +inf and 1) drops
+  out: the loss of the row without it (k less the +inf entries), gradient entry 0."""
+  inf = np.inf
+  rows = [  # (theta, target, k, the finite row's theta, target, k)
+      ([0.5, -inf, 1.5, 0.2, -1.0], [1.0, 0.0, 0.5, 1.0, 0.0], 2.5),
+      ([0.5, inf, 1.5, 0.2, -1.0], [0.5, 1.0, 1.0, 0.5, 0.0], 3.0),
+      ([0.5, -inf, 1.5, inf, -1.0], [0.5, 0.0, 1.0, 1.0, 0.5], 3.0),
+  ]
+  theta = jnp.asarray([r[0] for r in rows])
+  target = jnp.asarray([r[1] for r in rows])
+  k = jnp.asarray([r[2] for r in rows])
+  value = np.asarray(L.topk_fenchel_young_loss(theta, target, k, regularization_strength=0.7))
+  grad = np.asarray(jax.grad(lambda s: L.topk_fenchel_young_loss(
+      s, target, k, regularization_strength=0.7).sum())(theta))
+  for i, (th, tg, kk) in enumerate(rows):
+    th, tg = np.asarray(th), np.asarray(tg)
+    f = np.isfinite(th)
+    expected = _fy_reference(th[f], tg[f], kk - np.sum(th == inf), 0.7)
+    np.testing.assert_allclose(value[i], expected, rtol=1e-12, atol=1e-14)
+    assert np.all(np.isfinite(grad[i]))
+    np.testing.assert_allclose(grad[i], _mask_bisect(th, kk, 0.7) - tg, atol=1e-12)
+    assert np.all(grad[i][~f] == 0)
+  # A -inf score with a positive target, a +inf score with a target below 1: +inf.
+  s = jnp.asarray([[0.5, -inf, 1.5, 0.2], [0.5, inf, 1.5, 0.2]])
+  t = jnp.asarray([[1.0, 0.5, 0.5, 0.0], [1.0, 0.5, 0.5, 0.0]])
+  np.testing.assert_array_equal(L.topk_fenchel_young_loss(s, t, 2.0), [inf, inf])
+
+
 # ---------------------------------------------------------------- smooth top-k SVM
 
 
@@ -220,6 +323,114 @@ def test_smooth_svm_matches_difftopk():
       ours = L.smooth_topk_svm_loss(LOGITS, LABELS, k, tau=tau, mode="smooth_hard", thresh=2.0,
                                     reduction="mean")
       np.testing.assert_allclose(ours, float(peer(x, y)), rtol=1e-10)
+
+
+def _svm_brute(s, c, k, tau, alpha):
+  """Berrada et al.'s smooth top-k SVM loss by enumeration of the k-subsets (float64)."""
+  from itertools import combinations
+  from scipy.special import logsumexp
+  s = np.asarray(s, np.float64)
+  subsets = [list(S) for S in combinations(range(s.size), k)]
+  a = [(alpha * (c not in S) + s[S].mean()) / tau for S in subsets]
+  b = [s[S].mean() / tau for S in subsets if c in S]
+  return tau * (logsumexp(a) - logsumexp(b))
+
+
+def _svm_hard(s, c, k, alpha):
+  """The tau -> 0 limit: max over k-subsets of alpha [c not in S] + mean, minus the max
+  over those containing c (enumeration, float64)."""
+  from itertools import combinations
+  s = np.asarray(s, np.float64)
+  subsets = [list(S) for S in combinations(range(s.size), k)]
+  return (max(alpha * (c not in S) + s[S].mean() for S in subsets)
+          - max(s[S].mean() for S in subsets if c in S))
+
+
+def test_smooth_svm_per_example_tau_and_alpha():
+  """tau and alpha: scalars or arrays broadcastable to the batch shape, in both modes."""
+  x = np.random.default_rng(8).normal(size=(4, 6)) * 2
+  labels = np.array([0, 1, 2, 3])
+  tau, alpha = np.array([0.1, 1.0, 2.0, 0.05]), np.array([0.5, 1.0, 2.0, 0.0])
+  for mode in ("smooth", "smooth_hard"):
+    got = L.smooth_topk_svm_loss(x, labels, 2, tau=tau, alpha=alpha, mode=mode, thresh=5.0)
+    assert got.shape == (4,)
+    for i in range(4):
+      top = np.sort(x[i])[::-1]
+      hard = mode == "smooth_hard" and top[1] - top[2] >= 2 * tau[i] * math.log(5.0)
+      ref = (_svm_hard(x[i], labels[i], 2, alpha[i]) if hard
+             else _svm_brute(x[i], labels[i], 2, tau[i], alpha[i]))
+      np.testing.assert_allclose(got[i], ref, rtol=1e-12, err_msg=f"{mode}, row {i}")
+  # A batch of shape (2, 2): tau of shape (2, 1) is per row of the batch, alpha (2,) per column.
+  got = L.smooth_topk_svm_loss(x.reshape(2, 2, 6), labels.reshape(2, 2), 2,
+                               tau=tau[:2, None], alpha=alpha[:2])
+  for i in range(2):
+    for j in range(2):
+      ref = _svm_brute(x[2 * i + j], labels[2 * i + j], 2, tau[i], alpha[j])
+      np.testing.assert_allclose(got[i, j], ref, rtol=1e-12)
+  for name, bad in (("tau", tau[:, None]), ("tau", np.array([[0.5]])), ("alpha", alpha[:3]),
+                    ("alpha", alpha[:, None])):
+    for mode in ("smooth", "smooth_hard"):
+      shape = re.escape(str(bad.shape))
+      with pytest.raises(ValueError, match=rf"`{name}` must be a scalar or broadcast to the "
+                                           rf"batch shape \(4,\).*got shape {shape}"):
+        L.smooth_topk_svm_loss(x, labels, 2, **{name: bad}, mode=mode)
+  with pytest.raises(ValueError, match=r"`tau` must satisfy 1.175e-38 <= tau"):
+    L.smooth_topk_svm_loss(x.astype(np.float32), labels, 2, tau=1e-39)
+  with pytest.raises(ValueError, match="`alpha` must be finite"):
+    L.smooth_topk_svm_loss(x, labels, 2, alpha=np.nan)
+
+
+def test_smooth_svm_extreme_tau():
+  """The DP works in the units of the scores: no s / tau overflows, however small tau.
+  Tiny tau gives the hard loss (within tau log C(n, k)) and its gradient; huge tau the
+  brute-force value."""
+  s = np.array([[3e3, -1.2e4, 2e4, 7e3, -4e3, 1.1e4]])
+  hard = _svm_hard(s[0], 1, 3, 1.0)  # 6334.33...
+  # The hard loss is linear near s: its gradient by central differences (exact).
+  h = 1.0
+  fd = np.array([(_svm_hard(s[0] + h * e, 1, 3, 1.0) - _svm_hard(s[0] - h * e, 1, 3, 1.0)) / (2 * h)
+                 for e in np.eye(6)])
+  for dtype, taus in ((jnp.float32, (1e-35, 2e-38, 1e-20)), (jnp.float64, (1e-300, 1e-200))):
+    for tau in taus:
+      for mode in ("smooth", "smooth_hard"):
+        f = lambda z, t: L.smooth_topk_svm_loss(z, jnp.array([1]), 3, tau=t, mode=mode)[0]
+        z, t = jnp.asarray(s, dtype), jnp.asarray(tau, dtype)
+        np.testing.assert_allclose(f(z, t), hard, rtol=4 * np.finfo(dtype).eps)
+        grad_s, grad_tau = jax.grad(f, argnums=(0, 1))(z, t)
+        np.testing.assert_allclose(grad_s[0], fd, atol=1e-6)
+        assert np.isfinite(grad_tau) and abs(grad_tau) <= math.log(math.comb(6, 3))
+  # float64 scores near the top of the range, tau = 1: s / tau alone would be finite, but
+  # e_k of exp(s / (k tau)) is not.
+  big = s * 1e303
+  expected = _svm_hard(big[0], 1, 3, 1.0)
+  assert np.isfinite(expected)
+  np.testing.assert_allclose(L.smooth_topk_svm_loss(big, np.array([1]), 3), expected, rtol=1e-15)
+  # Huge tau: tau log 2 here (half the subsets contain the label), against the brute force.
+  for tau in (1e30, 8e37):
+    got = L.smooth_topk_svm_loss(jnp.asarray(s, jnp.float32), jnp.array([1]), 3, tau=tau)
+    np.testing.assert_allclose(got, _svm_brute(s[0], 1, 3, tau, 1.0), rtol=1e-6)
+
+
+def test_losses_non_finite_scores():
+  """Documented behaviour: a +inf score of a class other than the label makes the row
+  NaN (top-k cross-entropy, smooth top-k SVM); for the SVM a -inf one drops out, a -inf
+  label gives +inf and a +inf label 0. Other rows are not affected."""
+  inf = np.inf
+  x = jnp.asarray([[0.5, inf, 1.5, 0.2, -1.0], [0.5, -inf, 1.5, 0.2, -1.0],
+                   [0.5, 0.3, 1.5, 0.2, -1.0]])
+  labels = jnp.array([0, 0, 2])
+  ce = np.asarray(L.topk_cross_entropy(x, labels, p_k=[0.5, 0.5]))
+  assert np.isnan(ce[0]) and np.all(np.isfinite(ce[1:]))
+  for mode in ("smooth", "smooth_hard"):
+    svm = lambda z, c: L.smooth_topk_svm_loss(z, c, 2, tau=0.5, mode=mode)
+    value = np.asarray(svm(x, labels))
+    assert np.isnan(value[0])
+    without = _svm_brute([0.5, 1.5, 0.2, -1.0], 0, 2, 0.5, 1.0)  # the row without its -inf
+    np.testing.assert_allclose(value[1], without, rtol=1e-12)
+    np.testing.assert_allclose(value[2], _svm_brute(x[2], 2, 2, 0.5, 1.0), rtol=1e-12)
+    grad = np.asarray(jax.grad(lambda z: svm(z, labels)[1:].sum())(x))
+    assert np.all(np.isfinite(grad[1:])) and grad[1, 1] == 0
+    np.testing.assert_array_equal(svm(x[:2], jnp.array([1, 1])), [0.0, inf])
 
 
 def _compiles_during(fn):
