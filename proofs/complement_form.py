@@ -214,6 +214,52 @@ def check_example():
     print("     library: 'native', 'threshold' and 'pav' give 2.75 for sigmoid and Laplace")
 
 
+def _saturated_mask(name, z):
+    """g(z) in Decimal for a mask exactly 1 from z1 on: p-norm (name = a, z^a on [0, 1])
+    or "entropy" (e^min(z, 0))."""
+    if name == "entropy":
+        return min(z, Decimal(0)).exp()
+    return min(max(z, Decimal(0)), Decimal(1)) ** Decimal(name)
+
+
+def check_saturated_form(rng):
+    """5. (|S| - k) + sum_{z < z1} g(z) equals sum g(z) - k, and keeps a small mass."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        for name, z1 in ((3, 1), (2, 1), (1, 1), ("entropy", 0)):
+            for _ in range(50):
+                z = [Decimal(float(v)) for v in rng.normal(size=int(rng.integers(1, 12))) * 2]
+                k = Decimal(float(rng.uniform(0, len(z))))
+                plain = sum((_saturated_mask(name, v) for v in z), Decimal(0)) - k
+                sat = Decimal(sum(v >= z1 for v in z)) - k + sum(
+                    (_saturated_mask(name, v) for v in z if v < z1), Decimal(0))
+                C.check(abs(plain - sat) < Decimal(10) ** -70, f"saturated form {name}")
+    z = np.array([3.0, 2.0, -30.0, -31.0, -32.5])  # entropy, two entries at 1
+    k = 2.0 + 1e-14
+    mass = np.exp(z[2:])
+    sat = (2.0 - k) + mass.sum()
+    plain = (1.0 + 1.0 + mass.sum()) - k
+    exact = float(Decimal(2) - Decimal(k) + sum((Decimal(float(v)).exp() for v in z[2:]),
+                                                 Decimal(0)))
+    C.check(abs(sat - exact) <= 4e-16 * abs(exact) + 1e-30, "saturated form in float64")
+    C.check(abs(plain - exact) > 1e-3 * abs(exact), "the plain sum rounds the small mass")
+    print(f"  5. saturated form = plain sum (decimal, p-norms and entropy); float64 with a mass "
+          f"1e-14: {abs(sat - exact) / abs(exact):.1e} relative (plain sum "
+          f"{abs(plain - exact) / abs(exact):.1e})")
+    itk = C.load_library()
+    if itk is None:
+        return
+    import jax
+    import jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+    x = np.array([40.0, 39.5, 0.7, 0.2, 0.4])
+    y = np.asarray(itk.soft_topk_mask(jnp.asarray(x), k, regularization_strength=0.2,
+                                      regularizer="entropy", solver="threshold"))
+    want = (k - 2.0) * np.exp((x[2:] - x[2:].max()) / 0.2) / np.exp((x[2:] - x[2:].max()) / 0.2).sum()
+    C.check(np.allclose(y[2:], want, rtol=1e-12, atol=0), f"library threshold: {y[2:]} {want}")
+    print("     library: 'threshold' keeps the entropy mask's mass 1e-14 to 1e-12")
+
+
 def main():
     rng = np.random.default_rng(33)
     print("complement_form:")
@@ -221,6 +267,7 @@ def main():
     check_flatness_and_sign(rng)
     check_root_and_derivatives(rng)
     check_example()
+    check_saturated_form(rng)
     print("complement_form: OK")
 
 

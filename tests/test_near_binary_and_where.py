@@ -288,6 +288,39 @@ def test_near_binary_sweep(solver, name, dtype, gaps, seed):
   check_near_binary(solver, name, x, k, l)
 
 
+@pytest.mark.parametrize("solver", _default_native())
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_saturating_masks_keep_a_small_fractional_mass(solver, dtype):
+  # Masks that are exactly 1 from a finite z1 on (entropy z1 = 0, p-norms z1 = 1) on rows
+  # where two entries are exactly 1 and the rest share k - 2, far below the rounding of
+  # sum(y) ~ k (found by an independent audit: the threshold solver lost 4% of it). The
+  # saturated form of phi (proofs/complement_form.md) keeps it. References in closed
+  # form: entropy's fractional entries are (k - 2) softmax(x_F / l) over them; a p-norm
+  # row with one fractional entry gives it exactly k - 2 (Sterbenz: k - 2 is exact).
+  eps = float(np.finfo(dtype).eps)
+  k = dtype(2.0) + dtype(2.0 ** -20 if dtype == np.float32 else 1e-14)
+  x = np.array([40.7411945, 0.71332791, 0.18981484, 40.3322775, 0.42526749, 0.38628525,
+                0.68214185, 0.78835343], dtype)
+  frac = np.array([1, 2, 4, 5, 6, 7])
+  l = 0.2
+  y = np.asarray(itk.soft_topk_mask(jnp.asarray(x), k, regularization_strength=l,
+                                    regularizer="entropy", solver=solver), np.float64)
+  xf = x[frac].astype(np.float64)
+  want = (float(k) - 2.0) * np.exp((xf - xf.max()) / l) / np.sum(np.exp((xf - xf.max()) / l))
+  assert np.all(y[[0, 3]] == 1.0)
+  # the fractional entries' z is resolved to ulps of x (~1) over l: relative 8 eps / l
+  np.testing.assert_allclose(y[frac], want, rtol=8 * eps / l)
+  for p in (4.0 / 3.0, 1.5):
+    row = jnp.asarray(np.array([5.0, 4.0, 1.0, 0.3, 0.2], dtype))
+    y = np.asarray(itk.soft_topk_mask(row, k, regularization_strength=0.5, p=p, solver=solver),
+                   np.float64)
+    np.testing.assert_array_equal(y[[0, 1, 3, 4]], [1.0, 1.0, 0.0, 0.0])
+    # y = z^a, a = 1 / (p - 1): z is resolved to ulps of max|x| / l (absolute), so y to
+    # a relative a (8 eps max|x| / l) / z, z = y^(1/a) (1e-10 here; the plain sum gave 1e-3)
+    a, want = 1.0 / (p - 1.0), float(k) - 2.0
+    np.testing.assert_allclose(y[2], want, rtol=a * 8 * eps * 5.0 / 0.5 / want ** (1 / a))
+
+
 # -- item 4: binary rows near the float maximum that the shift hides ------------------------
 
 

@@ -151,6 +151,16 @@ class CappedSimplex:
   def _upper_entries(self, x, lam, l):
     return self._scaled_entries(x, lam, l)[0] > 0
 
+  def _unsaturated_entries(self, x, lam, l):
+    """``mask(z)`` below the upper saturation end ``z1``, 0 from it on (NaN where the
+    mask is): the terms of phi in saturated form."""
+    z, nan = self._scaled_entries(x, lam, l)
+    value = jnp.where(z >= self.regularizer.saturation[1], 0, self.regularizer.mask(z))
+    return jnp.where(nan, jnp.nan, value)
+
+  def _saturated_entries(self, x, lam, l):
+    return self._scaled_entries(x, lam, l)[0] >= self.regularizer.saturation[1]
+
   def primal(self, lam, x, l):
     """The mask ``y_i = mask((x_i - lam) / l)``.
 
@@ -178,11 +188,25 @@ class CappedSimplex:
     below the rounding of ``sum_i y_i ~ k``) the plain sum is flat in floating point and
     leaves the threshold, and with it every derivative, undetermined; this form
     determines it to the ulp.
+
+    For a regularizer whose mask is exactly 1 from a finite :math:`z_1` on (the
+    p-norms, :math:`z_1 = 1`; entropy, :math:`z_1 = 0`) in saturated form,
+
+    .. math::
+
+        \phi(\lambda) = (\#\{z_i \ge z_1\} - k) + \sum_{z_i < z_1} \mathrm{mask}(z_i),
+
+    again the same function: where most entries are exactly 1 and a few share a small
+    mass ``k - floor(k)``, the count minus ``k`` is exact and the small masses keep
+    their own precision, instead of being rounded at the scale of ``k`` in the sum.
     """
     L = self.layout
-    if not hasattr(self.regularizer, "complement"):
-      return L.sum(self.primal(lam, x, l)) - k
     lam_, l_ = L.expand(lam, x), L.expand(l, x)
+    if not hasattr(self.regularizer, "complement"):
+      if not np.isfinite(self.regularizer.saturation[1]):
+        return L.sum(self.primal(lam, x, l)) - k
+      saturated = L.count(L.map(self._saturated_entries, x, lam_, l_), L.dtype(x))
+      return (saturated - k) + L.sum(L.map(self._unsaturated_entries, x, lam_, l_))
     upper = L.count(L.map(self._upper_entries, x, lam_, l_), L.dtype(x))
     return (upper - k) + L.sum(L.map(self._signed_entries, x, lam_, l_))
 
