@@ -151,3 +151,27 @@ def test_user_regularizers_work_or_say_what_they_lack():
   x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 30)), jnp.float32)
   np.testing.assert_allclose(itk.soft_topk_mask(x, 4.5, regularization_strength=0.5, regularizer=_Custom()),
                              itk.soft_topk_mask(x, 4.5, regularization_strength=0.5, p=2.0, solver="pav"), atol=1e-5)
+
+
+@pytest.mark.parametrize("solver", ["threshold", "pallas"])
+@pytest.mark.parametrize("p", [2.0, 3.0, 5.0])
+def test_the_step_tolerance_follows_the_fractional_entries_not_the_row_maximum(solver, p):
+  # Found by an independent audit: the step tolerance was 4 ulps of |max x| (here 1e6),
+  # so at p > 2 (a mask with an infinite slope at 0) the iteration stopped 2e-10 below
+  # the entry 0.5 and left it a mass of 1.5e-5 (p = 3) where the answer has 0. The
+  # fractional entries lie in (lam, lam + l): their scale bounds the tolerance. Exact
+  # answer: y = (1, max(0, k - 1) at p = 2 else 0, 0) with k - 1 < the entry's reach
+  # (p = 2: (0.5 - lam) / l = k - 1 exactly; p > 2: the entry's mass (k - 1) needs
+  # z = (k - 1)^(p - 1) < 1e-24, far below an ulp of 0.5 - lam, so the root is at 0.5).
+  # (float32 at p = 2: a mass 2^-23 is within the snap's rounding allowance, n 4 eps k:
+  # 0 is as good an answer there; float64 checks the exact mass)
+  cases = [(np.float64, 1e-12)] + ([(np.float32, 2.0 ** -23)] if p > 2 else [])
+  for dtype, k_minus_1 in cases:
+    x = jnp.asarray(np.array([1e6, 0.5, 0.3], dtype))
+    k = dtype(1) + dtype(k_minus_1)
+    y = np.asarray(itk.soft_topk_mask(x, k, regularization_strength=1.0, p=p,
+                                      solver=solver), np.float64)
+    want_middle = float(k) - 1.0 if p == 2.0 else 0.0
+    assert y[0] == 1.0 and y[2] == 0.0, (dtype, y)
+    assert abs(y[1] - want_middle) <= 4 * np.finfo(dtype).eps * max(want_middle, 1e-30) + (
+        1e-30 if p > 2 else 0.0), (dtype, y, want_middle)

@@ -226,7 +226,11 @@ def newton_iteration(problem, x, k, l, **options):
   floor = problem.step_floor(x) if hasattr(problem, "step_floor") else None
   step_scale = lambda lam: problem.step_scale(lam, l)
   if floor is not None:
-    step_scale = lambda lam: jnp.maximum(problem.step_scale(lam, l), floor)
+    # the floor no higher than the scale of the entries that can be fractional, where the
+    # problem bounds it (:meth:`step_ceiling`)
+    ceiling = getattr(problem, "step_ceiling", lambda lam, l: None)
+    step_scale = lambda lam: jnp.maximum(problem.step_scale(lam, l), floor if ceiling(
+        lam, l) is None else jnp.minimum(floor, ceiling(lam, l)))
   derivatives = _derivatives(problem, x, k, l)
   return lambda carry: safeguarded_newton_step(
       derivatives, carry, tols=tols, step_scale=step_scale,
