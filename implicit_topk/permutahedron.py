@@ -38,8 +38,15 @@ Two solvers give the same blocks (``solver=``):
   (``disabled_checks=implicit_topk.export_safety_checks()``) and a batch-sharded input
   stays sharded. CPU only.
 
-Derivatives: the implicit function theorem on :math:`F(u) = 0` with the block partition
-held fixed (``jax.lax.custom_root``). :math:`F_B` depends on :math:`u_B` alone, so the
+The blocks come from the problem scaled by :math:`1 / \max(l, 1)` (the same blocks, with
+:math:`l w` finite for any strength); ``y`` is then computed in each block's own
+coordinates, :math:`y_i = g((s_i - s_{\mathrm{first}})/l + t_B)` with the dimensionless
+:math:`t_B = (s_{\mathrm{first}} - u_B)/l` solved again from the block condition, so that
+tied entries get exactly the same value at any strength (``u_B`` itself carries a rounding
+of the order of the ulp of ``s``, which divided by a small ``l`` would swamp ``y``).
+
+Derivatives: the implicit function theorem on :math:`F(t) = 0` with the block partition
+held fixed (``jax.lax.custom_root``). :math:`F_B` depends on :math:`t_B` alone, so the
 Jacobian is diagonal and the linear solve is one division per block; :math:`F` is
 evaluated with segmented scans over the sorted positions (each block is a run of
 them), so nothing is n x n, and no scatter adds two entries into one address (on a
@@ -126,9 +133,20 @@ def _lp(x, w, l, regularizer, dtype, solver):
         f"static length of the sorted axis; got the symbolic dimension {n!r}. "
         "jax.export takes a symbolic batch dimension with a static row length.")
   ranks = jnp.broadcast_to(_ranks_vector(n, dtype), shape)
+  # The blocks of (s, w, l) are those of (s / c, w, l / c) for any c > 0 (the values
+  # scale by 1 / c): c = max(l, 1) keeps l * w and s - l * w finite for large l.
+  scale = jax.lax.stop_gradient(jnp.maximum(l, 1))
   if solver == "pav":
     x_, w_, l_ = jax.lax.stop_gradient((x, w, l))
-    solved = pav_calls.permutahedron_blocks(x_, w_, l_, p, dtype)
+    if x is not None:
+      solved = pav_calls.permutahedron_blocks(x_ / scale[:, None], w_, l_ / scale, p, dtype)
+    else:  # the ranks are sorted: the kernel sorts them only where it must scale them
+      def scaled():
+        out = pav_calls.permutahedron_blocks(ranks / scale[:, None], w_, l_ / scale, p, dtype)
+        return out[:2] + out[4:]  # without the ranks' (identity) permutations
+      solved = jax.lax.cond(jnp.all(l_ <= 1),
+                            lambda: pav_calls.permutahedron_blocks(None, w_, l_, p, dtype),
+                            scaled)
     values, ids, rest = solved[0], solved[1], list(solved[2:])
     if x is not None:
       order, inverse = rest.pop(0), rest.pop(0)
@@ -141,8 +159,9 @@ def _lp(x, w, l, regularizer, dtype, solver):
   s = _take_rows(x, order, permutation=True) if x is not None else ranks
   w_sorted = _take_rows(w, w_order, permutation=True) if w is not None else ranks
   if solver != "pav":
-    values, ids = _jax_blocks(*jax.lax.stop_gradient((s, w_sorted, l)), kind=p)
-  y_sorted = _sorted_argmax(values, ids, s, w_sorted, l, regularizer)
+    s_, w_, l_ = jax.lax.stop_gradient((s, w_sorted, l))
+    values, ids = _jax_blocks(s_ / scale[:, None], w_, l_ / scale, kind=p)
+  y_sorted = _sorted_argmax(values, ids, s, w_sorted, l, scale, regularizer)
   return _take_rows(y_sorted, inverse, permutation=True) if x is not None else y_sorted
 
 
@@ -164,12 +183,21 @@ def _inverse_permutation(order):
       iota, mode="promise_in_bounds", unique_indices=True).reshape(order.shape)
 
 
-def _sorted_argmax(values, ids, s, w, l, regularizer):
-  """y in the order of ``s`` (sorted descending), for w sorted descending: (R, n).
+def _sorted_argmax(values, ids, s, w, l, scale, regularizer):
+  r"""y in the order of ``s`` (sorted descending), for w sorted descending: (R, n).
 
-  ``values``/``ids``: the PAV solution's block values and block ids (from either solver).
-  The root ``u`` holds each block's value at the block's first position (0 elsewhere);
-  the blocks are runs of consecutive positions, so spreading ``u`` over its block and
+  ``values``/``ids``: the PAV solution's block values (of the problem scaled by
+  ``1 / scale``) and block ids (from either solver). Each block is solved again in its
+  own coordinates: :math:`y_i = g(d_i + t_B)` with :math:`d_i = (s_i - s_{f(i)}) / l`
+  (:math:`f(i)` the block's first position) and :math:`t_B = (s_{f(i)} - u_B) / l` the
+  root of :math:`\sum_{i \in B} g(d_i + t_B) = \sum_{i \in B} w_i`. Tied entries have
+  :math:`d_i = 0` exactly: their ``y`` never reads the rounding of :math:`u_B` (about
+  the ulp of ``s``) divided by ``l``. :math:`t_B` is a closed form for ``p = 2`` and the
+  entropy, safeguarded Newton steps (:func:`_block_roots`) for other ``p``; its
+  derivatives come from the implicit function theorem on the block conditions.
+
+  The root ``t`` holds each block's value at the block's first position (0 elsewhere);
+  the blocks are runs of consecutive positions, so spreading ``t`` over its block and
   summing a block's condition are segmented scans
   (:func:`~implicit_topk.solvers.isotonic.segmented_scan`), and so are their transposes:
   no scatter-add into a block (a GPU serializes the atomic adds of one large block).
@@ -198,25 +226,80 @@ def _sorted_argmax(values, ids, s, w, l, regularizer):
     return jax.lax.platform_dependent(
         v, cpu=on_cpu, default=lambda v: isotonic.segmented_scan(v, to_last, reverse=True))
 
-  def optimality(u, s_, w_, l_):
-    z = (s_ - spread(u)) / l_
-    return jnp.where(first, block_sums(regularizer.link(z) - w_), u)
+  def offsets(s_, l_):  # d_i = (s_i - s_first) / l: exactly 0 for ties
+    return (s_ - spread(s_)) / l_
 
-  # each block's value at its first position (a gather of the solver's output: no derivative)
-  start_values = jnp.where(first, _take_rows(values, ids, sorted_index=True), 0)
+  def optimality(t, s_, w_, l_):
+    return jnp.where(first, block_sums(regularizer.link(offsets(s_, l_) + spread(t)) - w_), t)
+
+  # the PAV values at each block's first position, as t (a Newton start for other p)
+  u = _take_rows(values, ids, sorted_index=True)
+  guess = jax.lax.stop_gradient((s / scale[:, None] - u) / (l / scale)[:, None])
 
   def solver(init, s_, w_, l_):
-    del init, s_, w_, l_  # solved once above (PAV is direct); never differentiated
-    return start_values, jnp.zeros((), values.dtype)
+    del init  # never differentiated (custom_root)
+    d = offsets(s_, l_)
+    kind = _kernel_spec(regularizer)
+    if kind == "exp":  # log(sum w) - log(sum exp(d)), d <= 0 with d_first = 0
+      t = jnp.log(block_sums(w_) / block_sums(jnp.exp(d)))
+    elif regularizer.exponent == 1:  # p = 2: mean(w) - mean(d)
+      t = block_sums(w_ - d) / block_sums(jnp.ones_like(d))
+    else:
+      t = _block_roots(regularizer.link, kind, d, w_, guess, first, spread, block_sums)
+    return jnp.where(first, t, 0), jnp.zeros((), values.dtype)
 
   # init like the values (not s): under shard_map, s = the ranks is not varying.
-  u, _ = _implicit.implicit_root(solver, optimality, jnp.zeros_like(values), (s, w, l_col),
+  t, _ = _implicit.implicit_root(solver, optimality, jnp.zeros_like(values), (s, w, l_col),
                                  backend="lax")
-  y = regularizer.link((s - spread(u)) / l_col)
+  y = regularizer.link(offsets(s, l_col) + spread(t))
   # A singleton block's condition is link(z_i) = w_i, so y_i = w_i, derivatives included;
   # through the link they would be 0 / 0 where w_i = 0 (link'(0) = 0 for p < 2, inf for p > 2).
-  singleton = first & last & ~jnp.isnan(y)  # NaN rows stay NaN
-  return jnp.where(singleton, w, y)
+  y = jnp.where(first & last, w, y)
+  return jnp.where(jnp.isnan(values[:, :1]), jnp.nan, y)  # the solvers' NaN rows stay NaN
+
+
+def _block_roots(link, p, d, w, guess, first, spread, block_sums):
+  r"""Roots :math:`t_B` of :math:`h_B(t) = \sum_{i \in B} g(d_i + t) - W_B` for a p-norm
+  link ``g`` (increasing), every block at once, read at the blocks' first positions.
+
+  With :math:`d_i \le 0` and :math:`r = W_B / |B|`, :math:`t_B` lies in
+  :math:`[g^{-1}(r), g^{-1}(r) - \sum_B d_i]` (each term lies between
+  :math:`g(t + \sum_B d)` and :math:`g(t)`). Safeguarded Newton from ``guess`` (the PAV
+  value, clipped to that bracket), bisecting where a step leaves the bracket or does not
+  halve the residual."""
+  dtype = d.dtype
+  eps = jnp.finfo(dtype).eps
+  count = block_sums(jnp.ones_like(d))
+  total = block_sums(w)
+  r = total / count
+  lo = jnp.sign(r) * jnp.abs(r) ** (p - 1.0)  # g^{-1}(r)
+  hi = lo - block_sums(d)
+  hi = jnp.maximum(hi, lo)
+  t = jnp.clip(jnp.where(jnp.isfinite(guess), guess, lo), lo, hi)
+
+  def residual(t):
+    z = d + spread(t)
+    g, dg = jax.jvp(link, (z,), (jnp.ones_like(z),))
+    return block_sums(g) - total, block_sums(dg), block_sums(jnp.abs(g))
+
+  def body(state):
+    it, t, lo, hi, f_prev, active = state
+    f, df, scale = residual(t)
+    lo = jnp.where(active & (f < 0), t, lo)
+    hi = jnp.where(active & (f > 0), t, hi)
+    newton = t - f / jnp.where(df > 0, df, 1)
+    use = (df > 0) & (jnp.abs(f) <= 0.5 * jnp.abs(f_prev)) & (lo < newton) & (newton < hi)
+    step = jnp.where(use, newton, 0.5 * (lo + hi))
+    tol = 4 * eps * jnp.maximum(jnp.abs(lo), jnp.abs(hi))
+    done = ((f == 0) | (hi - lo <= tol)
+            | ((jnp.abs(step - t) <= tol) & (jnp.abs(f) <= 16 * eps * (scale + jnp.abs(total)))))
+    t = jnp.where(active & (f != 0), step, t)
+    return it + 1, t, lo, hi, jnp.where(active, f, f_prev), active & ~done
+
+  active = first & (lo < hi)
+  state = (jnp.zeros((), jnp.int32), t, lo, hi, jnp.full_like(t, jnp.inf), active)
+  state = jax.lax.while_loop(lambda st: (st[0] < 200) & jnp.any(st[-1]), body, state)
+  return state[1]
 
 
 def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
@@ -226,7 +309,7 @@ def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
   it), so that eager calls trace once per shape."""
   data = x if x is not None else w
   axis = _validation.canonicalize_axis(axis, data.ndim)
-  _validation.check_positive(l, "regularization_strength")
+  _validation.check_strength(l, data.dtype)
   _validation.check_choice(solver, "solver", SOLVERS)
   solver = "pav_jax" if solver == "auto" else solver
   regularizer = regularizers.resolve(regularizer, p)
@@ -298,8 +381,12 @@ def permutahedron_argmax(x: ArrayLike, w: ArrayLike, *,
     ``y``, a ``jax.Array`` with the shape and the (floating) dtype of ``x``. One sort per
     row, O(n) memory, forward and backward.
 
+  Non-finite inputs: a row with a NaN or an infinite entry of ``x`` or ``w`` is NaN.
+
   Raises:
-    ValueError: ``regularization_strength <= 0`` (when concrete), an unknown ``solver``,
+    ValueError: a concrete ``regularization_strength`` outside
+      :math:`[2^{-1022}, 2^{1022})` (float64) or :math:`[2^{-126}, 2^{126})` (float32 and
+      the half types), an unknown ``solver``,
       or a regularizer other than a p-norm or the entropy.
     TypeError: both ``regularization_strength`` and ``l`` given.
 
@@ -364,8 +451,11 @@ def soft_rank(x: ArrayLike, *, regularization_strength: ArrayLike = _deprecation
     A ``jax.Array`` with the shape and floating dtype of ``x``; each row sums to
     :math:`n(n+1)/2`.
 
+  Non-finite inputs: a row with a NaN or an infinite entry is NaN (the whole row).
+
   Raises:
-    ValueError: ``regularization_strength <= 0`` (when concrete) or an unknown ``solver``.
+    ValueError: a concrete ``regularization_strength`` outside the range of
+      :func:`permutahedron_argmax`, or an unknown ``solver``.
     TypeError: integer ``x``, or both ``regularization_strength`` and ``l`` given.
 
   Example:
@@ -416,11 +506,12 @@ def soft_sort(x: ArrayLike, k: int | None = None, *,
       only the ``k`` largest soft-sorted values (the last ``k`` ascending, the first
       ``k`` with ``descending=True``).
     regularization_strength: :math:`l > 0`, a scalar or an array broadcastable to the
-      batch shape. Default 1.0. Note the units: :math:`l` scales like ``x`` to the power
-      ``2 - p`` (dimensionless for ``p=2``).
+      batch shape. Default 1.0. Note the units: ``soft_sort(c * x, l) =
+      c * soft_sort(x, l * c ** (p - 1))`` for ``c > 0``, so :math:`l` scales like ``x``
+      to the power ``1 - p`` (like ``1 / x`` for ``p=2``).
     p: p-norm exponent ``> 1`` (default 2.0); ignored when ``regularizer`` is given.
-    regularizer: ``None`` (p-norm), ``"entropy"`` (then ``x`` must be positive and
-      ``descending=True``) or a regularizer object (see :func:`permutahedron_argmax`).
+    regularizer: ``None`` (p-norm), ``"entropy"`` (then ``x`` must be positive; either
+      order) or a regularizer object (see :func:`permutahedron_argmax`).
     axis: the axis to sort along (default -1).
     descending: sort in descending order (default False).
     solver: ``"auto"`` (default, = ``"pav_jax"``, pure JAX) or ``"pav"`` (a numba
@@ -432,8 +523,11 @@ def soft_sort(x: ArrayLike, k: int | None = None, *,
     A ``jax.Array`` of ``x``'s floating dtype, with ``x``'s shape (``k``: size ``k``
     along ``axis``).
 
+  Non-finite inputs: a row with a NaN or an infinite entry is NaN (the whole row).
+
   Raises:
-    ValueError: ``regularization_strength <= 0`` (when concrete), ``k`` outside
+    ValueError: a concrete ``regularization_strength`` outside the range of
+      :func:`permutahedron_argmax`, ``k`` outside
       ``[0, n]`` or an unknown ``solver``.
     TypeError: a non-integer ``k``, or both a new name and its deprecated one given.
 
@@ -456,9 +550,11 @@ def soft_sort(x: ArrayLike, k: int | None = None, *,
   if k is not None:
     _validation.check_k(k, n, integer=True, allow_n=True, name="k")
   moved = jnp.moveaxis(x, axis, -1)
-  sign = 1.0 if descending else -1.0
-  y = sign * _permutahedron(None, sign * moved, l=l, p=p, regularizer=regularizer, axis=-1,
-                            solver=solver)
+  # ascending: the descending solution reversed (the LP over P(x) with the ranks reversed,
+  # for any permutation-invariant regularizer; the entropy's needs x > 0, not -x > 0)
+  y = _permutahedron(None, moved, l=l, p=p, regularizer=regularizer, axis=-1, solver=solver)
+  if not descending:
+    y = y[..., ::-1]
   if k is not None:
     y = y[..., :k] if descending else y[..., n - k:]
   return jnp.moveaxis(y, -1, axis)
@@ -495,7 +591,8 @@ def soft_topk_values(x: ArrayLike, k: int, *,
 
   Raises:
     TypeError: a non-integer ``k``.
-    ValueError: ``k`` outside ``[0, n]`` or ``regularization_strength <= 0``.
+    ValueError: ``k`` outside ``[0, n]`` or a concrete ``regularization_strength``
+      outside the range of :func:`permutahedron_argmax`.
 
   Example:
     >>> import jax.numpy as jnp
@@ -543,9 +640,11 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, *,
     A ``jax.Array`` of ``x``'s floating dtype and shape
     ``q.shape + x.shape[:axis] + x.shape[axis + 1:]``, as ``jnp.quantile``.
 
+  Non-finite inputs: a row with a NaN or an infinite entry gives NaN at every level.
+
   Raises:
-    ValueError: ``q`` outside ``[0, 1]`` (when concrete) or
-      ``regularization_strength <= 0``.
+    ValueError: ``q`` outside ``[0, 1]`` (when concrete) or a concrete
+      ``regularization_strength`` outside the range of :func:`permutahedron_argmax`.
 
   Example:
     >>> import jax.numpy as jnp

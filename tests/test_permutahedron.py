@@ -293,3 +293,179 @@ def test_same_limits_and_monotonicity_as_ott():
     order = np.argsort(np.asarray(x))
     assert np.all(np.diff(np.asarray(perm.soft_rank(x, regularization_strength=l))[order]) >= 0)
     assert np.all(np.diff(np.asarray(soft_sort.ranks(x, epsilon=eps))[order]) >= -1e-5)
+
+
+# -- ties at small strengths, the strength's range, large strengths, entropy sorting ----
+
+
+TIE_REGULARIZERS = [dict(p=2.0), dict(p=4 / 3), dict(p=3.0), dict(regularizer="entropy")]
+TIE_ROWS = np.array([[0.3, 1.1, 1.1, -2.0, 0.0, 0.0],
+                     [0.7, -1.5, 0.7, 0.7, 2.5, -1.5]])  # distinct values >= 0.4 apart
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("options", TIE_REGULARIZERS,
+                         ids=["p2", "p4/3", "p3", "entropy"])
+@pytest.mark.parametrize("solver", ["auto", "pav"])
+def test_ties_get_exactly_averaged_ranks_at_small_strengths(dtype, options, solver):
+  # Below l ~ 0.1 (gaps >= 0.4 between distinct values, rank steps of 1) the soft ranks
+  # are the hard ranks with ties averaged (scipy's rankdata): to a few ulps at every
+  # strength down to 1e-30, also for large |x| (a block's value u carries a rounding of
+  # the ulp of x, which divided by l once swamped the ranks: 3.457 for 3.5 at 1e-6,
+  # rank 0 at 1e-8 in float32).
+  eps = np.finfo(dtype).eps
+  n = TIE_ROWS.shape[1]
+  for magnitude in (1.0, 1e6 if dtype == np.float32 else 1e10):
+    x = jnp.asarray(TIE_ROWS * magnitude, dtype)
+    expected = stats.rankdata(TIE_ROWS, axis=-1)
+    for l in (1e-2, 1e-5, 1e-8, 1e-12, 1e-20, 1e-30):
+      r = np.asarray(perm.soft_rank(x, regularization_strength=l, solver=solver, **options),
+                     np.float64)
+      np.testing.assert_allclose(r, expected, rtol=8 * eps, atol=0, err_msg=f"l={l}")
+      np.testing.assert_allclose(r.sum(-1), n * (n + 1) / 2, rtol=8 * eps)
+    # permutahedron_argmax: the mass of w = e_1 split evenly over the tied maximizers
+    y = perm.permutahedron_argmax(x[:1], jnp.asarray([1.0, 0, 0, 0, 0, 0], dtype),
+                                  regularization_strength=1e-20, solver=solver, **options)
+    if "regularizer" not in options:  # the entropy needs w > 0
+      np.testing.assert_allclose(y[0], [0, 0.5, 0.5, 0, 0, 0], atol=8 * eps)
+
+
+def test_tied_blocks_derivatives_at_small_strength_match_finite_differences():
+  # At l = 1e-8 the tied pairs form blocks (y = w_mean + (x_i - x_first)/l on them): the
+  # derivative is of order 1/l, and central differences with steps far below l read it.
+  x = jnp.asarray(TIE_ROWS[1])
+  w = jnp.asarray([0.3, -1.2, 0.8, 2.0, -0.4, 1.1])
+  for options in TIE_REGULARIZERS:
+    f = lambda x, options=options: float(jnp.sum(w * perm.soft_rank(
+        x, regularization_strength=1e-8, **options)))
+    grad = jax.grad(lambda x, options=options: jnp.sum(w * perm.soft_rank(
+        x, regularization_strength=1e-8, **options)))(x)
+    h = 2.0 ** -43  # ~1e-13, a multiple of the entries' ulps: x +- h exact
+    fd = [(f(x.at[i].add(h)) - f(x.at[i].add(-h))) / (2 * h) for i in range(6)]
+    np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=0.1)  # |grad| ~ 1e8 on the blocks
+  # untied entries at a small strength: the hard ranks, locally constant
+  x = _rows(14, (7,))
+  for options in TIE_REGULARIZERS:
+    grad = jax.grad(lambda x, options=options: jnp.sum(w[:1] * perm.soft_rank(
+        x, regularization_strength=1e-9, **options)))(x)
+    np.testing.assert_array_equal(grad, np.zeros(7))
+
+
+def test_tie_free_gradients_match_float64_central_differences():
+  x, w = _rows(15, (7,)), _rows(16, (7,))
+  positive = jnp.abs(x) + 0.5
+  for options in TIE_REGULARIZERS:
+    for op, point in ((lambda x, o=options: perm.soft_rank(x, regularization_strength=0.3, **o), x),
+                      (lambda x, o=options: perm.soft_sort(x, regularization_strength=0.3, **o),
+                       positive)):
+      f = lambda x, op=op: jnp.sum(w * op(x))
+      grad = jax.grad(f)(point)
+      h = 1e-6
+      fd = [(f(point.at[i].add(h)) - f(point.at[i].add(-h))) / (2 * h) for i in range(7)]
+      np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-7)
+
+
+STRENGTH_OPERATORS = {
+    "soft_rank": lambda x, l: perm.soft_rank(x, regularization_strength=l),
+    "soft_sort": lambda x, l: perm.soft_sort(x, regularization_strength=l),
+    "soft_quantile": lambda x, l: perm.soft_quantile(x, 0.5, regularization_strength=l),
+    "soft_topk_values": lambda x, l: perm.soft_topk_values(x, 2, regularization_strength=l),
+    "permutahedron_argmax": lambda x, l: perm.permutahedron_argmax(
+        x, jnp.arange(4.0), regularization_strength=l),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRENGTH_OPERATORS))
+def test_strength_outside_the_documented_range_raises(name):
+  # docs/operators.md: 2^-1022 <= l < 2^1022 (float64), 2^-126 <= l < 2^126 (float32);
+  # float32 l = 1e-38 gave NaN, soft_sort at 8.6e37 zeros.
+  op = STRENGTH_OPERATORS[name]
+  x32 = jnp.asarray([0.3, -1.2, 2.0, 0.7], jnp.float32)
+  for x, bad, good in ((x32, (1e-38, 8.6e37, 2.0 ** 126), (2.0 ** -126, 8.4e37)),
+                       (x32.astype(jnp.float64), (1e-308, 2.0 ** 1022),
+                        (2.0 ** -1022, 4e307))):
+    for l in bad:
+      with pytest.raises(ValueError, match="`regularization_strength`"):
+        op(x, l)
+    for l in good:
+      assert np.all(np.isfinite(op(x, l))), (name, x.dtype, l)
+
+
+def _isotonic_decreasing(z):
+  """Least-squares fit of a nonincreasing sequence (pool adjacent violators, numpy)."""
+  blocks = []  # [sum, count]
+  for value in z:
+    blocks.append([value, 1])
+    while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] <= blocks[-1][0] / blocks[-1][1]:
+      total, count = blocks.pop()
+      blocks[-1][0] += total
+      blocks[-1][1] += count
+  return np.concatenate([np.full(c, t / c) for t, c in blocks])
+
+
+def _soft_rank_p2_reference(x_over_l):
+  """p = 2 soft ranks of x at strength l from x / l alone: y = s/l - v with v the
+  nonincreasing fit of s/l - (n, ..., 1) (the isotonic dual, in units of l)."""
+  order = np.argsort(-x_over_l, kind="stable")
+  s = x_over_l[order]
+  ranks = np.arange(len(s), 0, -1.0)
+  y = np.empty_like(s)
+  y[order] = s - _isotonic_decreasing(s - ranks)
+  return y
+
+
+@pytest.mark.parametrize("solver", ["auto", "pav"])
+def test_large_strengths_stay_finite_and_right(solver):
+  # l * n(n+1)/2 (ranks) or l * |x| (sorting) beyond the float range overflowed: inf or NaN.
+  x = _rows(17, (100,))
+  r = perm.soft_rank(x.astype(jnp.float32), regularization_strength=1e35, solver=solver)
+  np.testing.assert_allclose(r, np.full(100, 50.5), rtol=1e-6)
+  r = perm.soft_rank(x[:4], regularization_strength=4e307, solver=solver)
+  np.testing.assert_allclose(r, np.full(4, 2.5), rtol=1e-15)
+  big = x[:8].astype(jnp.float32) * 1e15
+  s = perm.soft_sort(big, regularization_strength=1e25, solver=solver)
+  np.testing.assert_allclose(s, np.full(8, np.mean(np.asarray(big, np.float64))), rtol=1e-6)
+  # not the mean: x and l both near the float64 limit (l * 5050 overflows)
+  for scale in (1e305, 1e-300):
+    r = perm.soft_rank(x * scale, regularization_strength=10 * scale, solver=solver)
+    np.testing.assert_allclose(r, _soft_rank_p2_reference(np.asarray(x) / 10), rtol=1e-12)
+
+
+@pytest.mark.parametrize("solver", ["auto", "pav"])
+def test_entropy_sorts_ascending_and_gives_quantiles(solver):
+  # soft_sort(regularizer="entropy") ascending returned zeros and soft_quantile -0.0:
+  # ascending is the descending LP's solution reversed (SLSQP on the LP, scipy).
+  x = np.array([3.0, 1.0, 2.0, 0.5])
+  for l in (0.1, 1.0):
+    descending = _slsqp_argmax(np.arange(4, 0, -1.0), x, l, _entropy)
+    ascending = perm.soft_sort(jnp.asarray(x), regularization_strength=l,
+                               regularizer="entropy", solver=solver)
+    np.testing.assert_allclose(ascending, descending[::-1], atol=2e-5)
+    q = np.array([0.0, 0.5, 1.0])
+    position = q * 3
+    lower = np.floor(position).astype(int)
+    upper = np.minimum(lower + 1, 3)
+    expected = (descending[::-1][lower] * (1 - (position - lower))
+                + descending[::-1][upper] * (position - lower))
+    np.testing.assert_allclose(
+        perm.soft_quantile(jnp.asarray(x), jnp.asarray(q), regularization_strength=l,
+                           regularizer="entropy", solver=solver), expected, atol=2e-5)
+
+
+def test_soft_sort_strength_scales_like_x_to_the_one_minus_p():
+  # soft_sort(c x, l) = c soft_sort(x, l c^(p - 1)) (the docstring's units sentence)
+  x = _rows(18, (2, 9))
+  for p in (2.0, 4 / 3, 3.0):
+    for c in (0.1, 7.0):
+      np.testing.assert_allclose(perm.soft_sort(c * x, regularization_strength=0.3, p=p),
+                                 c * perm.soft_sort(x, regularization_strength=0.3 * c ** (p - 1),
+                                                    p=p), rtol=1e-10, atol=1e-12)
+
+
+def test_non_finite_entries_make_their_row_nan():
+  # documented: a row with an infinite entry is NaN (the other rows are unaffected)
+  x = jnp.asarray([[1.0, jnp.inf, 0.0, 2.0], [1.0, -jnp.inf, 0.0, 2.0], [1.0, 3.0, 0.0, 2.0]])
+  for y in (perm.soft_rank(x), perm.soft_sort(x), perm.soft_topk_values(x, 2),
+            perm.soft_quantile(x, jnp.array([0.2, 0.5]), axis=-1).T,
+            perm.permutahedron_argmax(x, jnp.arange(4.0))):
+    assert np.all(np.isnan(y[:2])) and np.all(np.isfinite(y[2])), y
