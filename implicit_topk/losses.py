@@ -720,11 +720,15 @@ def soft_error_loss(logits: ArrayLike, labels: ArrayLike, *,
 
   Returns:
     A ``jax.Array`` of ``logits``' floating dtype: shape ``logits.shape[:-1]`` with
-    ``reduction="none"``, else a scalar; values in ``[0, n - 1]``.
+    ``reduction="none"``, else a scalar; values in ``[0, n - 1]``. A row with a NaN or
+    infinite logit (``-inf`` for a masked class included) has the loss NaN, as its soft
+    ranks are (:func:`~implicit_topk.soft_rank`); give masked classes a finite logit
+    below the others instead.
 
   Raises:
     TypeError: non-integer ``labels``, or both ``regularization_strength`` and ``l``.
-    ValueError: labels out of range or ``regularization_strength <= 0``.
+    ValueError: labels out of range or ``regularization_strength`` outside the range of
+      :func:`~implicit_topk.soft_rank`.
 
   Example:
     >>> import jax.numpy as jnp

@@ -477,3 +477,15 @@ def test_soft_error_hand_values_and_grads():
   expected = 3 - (2 + (x[1] - x.mean()) / l)
   np.testing.assert_allclose(L.soft_error_loss(logits[:1], jnp.array([1]), regularization_strength=l), expected, rtol=1e-12)
   check_grads(lambda z: L.soft_error_loss(z, LABELS, regularization_strength=1.0), (LOGITS,), modes=("rev",))
+
+
+def test_soft_error_loss_rows_with_non_finite_logits_are_nan():
+  # Documented: a NaN or infinite logit makes its row's loss NaN (its soft ranks are);
+  # the other rows keep their value (here the hard limit: labels ranked first -> 0, last
+  # of three -> 2).
+  logits = jnp.array([[0.5, -jnp.inf, 1.5], [3.0, 1.0, 0.0], [0.0, jnp.nan, 1.0],
+                      [0.0, 1.0, 2.0]])
+  loss = np.asarray(L.soft_error_loss(logits, jnp.array([2, 0, 2, 0]),
+                                      regularization_strength=1e-3))
+  assert np.isnan(loss[0]) and np.isnan(loss[2])
+  np.testing.assert_array_equal(loss[[1, 3]], [0.0, 2.0])
