@@ -169,15 +169,21 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   ``where`` (same shape as ``rows``): entries outside it take the problem's
   ``excluded_value`` (never selected) and are returned as exactly 0. ``standardize``
   (None or a power ``a``): the strength is ``l`` times each row's standard deviation
-  to the power ``a`` (:func:`implicit_topk._standardize.row_spread`). ``max_support``
+  ``s`` to the power ``a`` (:func:`implicit_topk._standardize.row_spread`), solved as the
+  row ``x / s`` at ``l`` with the output times ``s`` to the problem's ``output_degree``
+  (the same operator: ``a`` is the power that makes it so), so that neither the strength
+  nor ``x - lam`` over it leaves the float range however small or large the spread
+  (``l s^(2-p)`` at p = 5 and a spread of 1e-10 is 1e30 times ``l``). ``max_support``
   (None or an int ``m``; whole rows or segments, p-norms): the mask at the largest strength
   at most ``l`` whose mask has at most ``m`` nonzero entries, from the row's ``m + 1`` largest
   values without the solver (:mod:`implicit_topk.support_budget`; ``return_info`` then
   reports 0 passes).
   """
   layout = solver.layout
+  spread = None
   if standardize is not None:
-    l = l * _standardize.row_spread(layout, rows, where) ** standardize
+    spread = _standardize.row_spread(layout, rows, where)
+    rows = layout.map(lambda v, s: v / s, rows, layout.expand(spread, rows))
   if where is not None:
     rows = jnp.where(where, rows, jnp.asarray(solver.problem.excluded_value, rows.dtype))
   dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
@@ -202,6 +208,9 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   upper = _validation.max_strength(dtype)
   y = layout.map(lambda v, l_: jnp.where((l_ > 0) & (l_ < upper), v, jnp.nan), y,
                  layout.expand(l_rows, rows))
+  if spread is not None and solver.problem.output_degree:
+    y = layout.map(lambda v, s: v * s ** solver.problem.output_degree, y,
+                   layout.expand(spread, y))
   if where is not None:
     y = jnp.where(where, y, jnp.zeros_like(y))
   return (y, state) if return_info else y

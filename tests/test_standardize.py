@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import implicit_topk as itk
+import references as R
 
 RNG = np.random.default_rng(26)
 X = jnp.asarray(RNG.normal(size=(3, 9)))
@@ -56,6 +57,23 @@ def test_magnitude_operators_are_equivariant(p):
       close(scaled[key], c * t[key], 1e-12 * c)
   if p != 2.0:  # p = 2 is equivariant already; the others are not without standardize
     assert not np.allclose(itk.soft_topk_mag(1e-4 * X, 3, p=p), 1e-4 * itk.soft_topk_mag(X, 3, p=p))
+
+
+@pytest.mark.parametrize("solver", ["native", "threshold", "pav"])
+@pytest.mark.parametrize("p", [3.0, 5.0])
+def test_magnitude_at_p_above_2_over_extreme_spreads(solver, p):
+  # Found by an independent audit: the standardized strength l s^(2 - p) left the float
+  # range for p > 2 (p = 5, spread 1e-10: 1e30 l), and (|x| - lam) / l underflowed: wrong
+  # values on every solver, unflagged. Now the row is divided by its spread instead.
+  # Reference: the independent magnitude reference on the unscaled float32 row at
+  # l std(x)^(2 - p), times c.
+  x0 = np.array([0.3, -1.2, 2.0, 0.7, -0.05], np.float32)
+  spread = float(np.std(x0.astype(np.float64)))
+  want, _ = R.mag_row(x0.astype(np.float64), 2.3, spread ** (2.0 - p), p)
+  for c in (1e-20, 1e-10, 1e10, 1e20):
+    got = np.asarray(itk.soft_topk_mag(jnp.asarray(x0 * np.float32(c)), 2.3, p=p,
+                                       standardize=True, solver=solver), np.float64)
+    np.testing.assert_allclose(got / c, want, rtol=2e-5, atol=2e-6, err_msg=f"c={c}")
 
 
 def test_spreads_are_per_row_per_segment_and_whole_tree():

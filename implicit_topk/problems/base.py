@@ -28,6 +28,9 @@ problem only reduces through it. ``k``, ``l`` and ``lam`` have the layout's row 
   cannot be solved by that solver.
 * ``layout``: the reduction layout; ``excluded_value``: the input value that an entry
   outside ``where=`` takes (one the operator never selects and maps to exactly 0).
+* ``output_degree`` (with ``standardize=True``): ``d`` such that the operator at the
+  strength ``l s^a`` (``a`` the operator's standardizing power) is ``s^d`` times the
+  operator of ``x / s`` at ``l``: 0 for the mask, 1 for the top-k in magnitude.
 """
 
 from __future__ import annotations

@@ -63,6 +63,8 @@ class CappedSimplex:
   geometric = True
   # An entry outside `where=` becomes -inf: never selected, mask exactly 0, derivative 0.
   excluded_value = -np.inf
+  # The mask is invariant under x -> c x, l -> c l (c > 0): degree 0 in x.
+  output_degree = 0
 
   def __post_init__(self):
     _regularizers.check_protocol(self.regularizer)

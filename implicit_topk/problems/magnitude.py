@@ -78,6 +78,8 @@ class Magnitude:
   geometric = True
   # An entry outside `where=` becomes 0: never selected, output exactly 0.
   excluded_value = 0.0
+  # mag(c x, l c^(2 - p)) = c mag(x, l) (c > 0): degree 1 in x.
+  output_degree = 1
 
   def __post_init__(self):
     object.__setattr__(self, "p", float(_regularizers.PNorm(self.p).p))
