@@ -170,6 +170,8 @@ def check_strength(l: Any, dtype: Any, name: str = "regularization_strength") ->
   check_positive(l, name)
   concrete = _concrete(l)
   lower, upper = min_strength(dtype), max_strength(dtype)
+  if concrete is not None:  # (in float64: a float32 l beside a float64 bound would cast it)
+    concrete = np.asarray(concrete, np.float64)
   if concrete is not None and not np.all((concrete >= lower) & (concrete < upper)):
     raise ValueError(
         f"`{name}` must satisfy {lower:.4g} <= {name} < {upper:.4g} (both {name} and "
