@@ -156,18 +156,24 @@ def check_candidates(rng):
 
 
 def newton_h_inverse(s, l, p, steps=60):
-    """Item 4's iteration in u = y^(p-1): the iterates and the lower bound of y*."""
+    """Item 4's iteration: in u = y^(p-1) for p <= 2, in y (h(y) = y + (c y)^(p-1),
+    c = l^a) for p > 2; the iterates and the lower bound of y*."""
     a = 1.0 / (p - 1.0)
-    if a >= 1.0:
-        u = min(s ** (1.0 / a), s / l)
-    else:
-        u = min((0.5 * s) ** (1.0 / a), 0.5 * s / l)
+    if a < 1.0:
+        c = l ** a
+        y = min(s, s ** a / c)
+        iterates = [y]
+        for _ in range(steps):
+            power = (c * y) ** (p - 1.0)
+            y = y - (y + power - s) / (1.0 + (p - 1.0) * power / y)
+            iterates.append(y)
+        bound = max(s - (c * y) ** (p - 1.0), 0.0) if y >= 0.5 * s else (s - y) ** a / c
+        return np.array(iterates), bound
+    u = min(s ** (1.0 / a), s / l)
     iterates = [u]
     for _ in range(steps):
         u = u - (u ** a + l * u - s) / (a * u ** (a - 1.0) + l)
         iterates.append(u)
-    if a < 1.0:
-        return np.array(iterates), u ** a
     bound = s - l * u if l * u <= 0.5 * s else float(gfun((s - u ** a) / l, p))
     return np.array(iterates), bound
 
@@ -177,24 +183,25 @@ def check_h_inverse(rng):
         p = PS[int(rng.integers(len(PS)))]
         s, l = float(10 ** rng.uniform(-3, 3)), float(10 ** rng.uniform(-3, 3))
         y_star = hinv(s, l, p)
-        u_star = y_star ** (p - 1.0)
+        a = 1.0 / (p - 1.0)
+        star = y_star ** (p - 1.0) if p <= 2.0 else y_star  # the iteration's variable
         iterates, bound = newton_h_inverse(s, l, p)
         steps = np.diff(iterates)
-        rel = 1e-12 * u_star
-        if p <= 2.0:
-            C.check(np.all(iterates >= u_star - rel), "convex: iterates stay above u*")
-            C.check(np.all(steps <= rel), "convex: iterates decrease")
-        else:
-            C.check(np.all(iterates <= u_star + rel), "concave: iterates stay below u*")
-            C.check(np.all(steps >= -rel), "concave: iterates increase")
+        rel = 1e-12 * star
+        C.check(np.all(iterates >= star - rel), "convex: iterates stay above the root")
+        C.check(np.all(steps <= rel), "convex: iterates decrease")
         C.check(bound <= y_star * (1 + 1e-12), "a lower bound of h^-1(s)")
         C.check(bound >= y_star * (1 - 1e-10), "equal to it up to rounding")
-        # The lower bounds from any upper bound u >= u* (p <= 2):
+        # The lower bounds from any upper bound of the root:
+        grow = 1.0 + float(rng.uniform(0, 1))
         if p <= 2.0:
-            a = 1.0 / (p - 1.0)
-            u = u_star * (1.0 + float(rng.uniform(0, 1)))
+            u = star * grow
             C.check(s - l * u <= y_star * (1 + 1e-12), "s - l u <= y*")
             C.check((max(s - u ** a, 0.0) / l) ** a <= y_star * (1 + 1e-12), "g((s - u^a)/l) <= y*")
+        else:
+            y, c = star * grow, l ** a
+            C.check(s - (c * y) ** (p - 1.0) <= y_star * (1 + 1e-12), "s - (c y)^(p-1) <= y*")
+            C.check(max(s - y, 0.0) ** a / c <= y_star * (1 + 1e-12), "(s - y)^a / c <= y*")
     print("  (4) the monotone Newton for h^-1 and its lower bounds: 300 instances")
 
 

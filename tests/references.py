@@ -22,6 +22,7 @@ here imports ``implicit_topk`` or copies its code paths. Slow on purpose, one ro
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import math
 from decimal import Decimal, localcontext
@@ -607,6 +608,91 @@ def mag_tolerance(x, k, l, p, *, eps, c=16.0, axis=-1):
       tol[fin] += sens
     tols.append(tol)
   return np.moveaxis(np.array(tols).reshape(moved.shape), -1, axis)
+
+
+_MAG_DIGITS = 40
+_MAG_REL = Decimal(10) ** -25  # bisection stops at this relative bracket width
+
+
+def magnitude_exponent(p):
+  """a = 1 / (p - 1) of the float p, an integer when within 1e-9 of one (the operator's
+  definition of its exponent: p = 4/3 is the cubic a = 3)."""
+  a = 1.0 / (float(p) - 1.0)
+  r = round(a)
+  return r if r >= 1 and abs(a - r) <= 1e-9 * max(1.0, a) else a
+
+
+def decimal_context():
+  return decimal.Context(prec=_MAG_DIGITS, Emin=-999999, Emax=999999)
+
+
+class MagnitudeDecimal:
+  """The top-k in magnitude of one row to 40 digits (``decimal``): the exact threshold
+  ``lam`` of ``proofs/magnitude_threshold.md`` (bisection, geometric across decades) and
+  the exact output map, for ``x`` (1-D floats, converted exactly), ``k``, ``l``, ``p``."""
+
+  def __init__(self, x, k, l, p):
+    self.x = np.asarray(x, np.float64)
+    with decimal.localcontext(decimal_context()):
+      self.a = Decimal(magnitude_exponent(p))
+      self.l = Decimal(float(l))
+      self.s = [abs(Decimal(float(v))) for v in self.x]
+      kD = Decimal(float(k))
+      nonzero = [v for v in self.s if v > 0]
+      if len(nonzero) <= kD:
+        self.lam = Decimal(0)
+        return
+
+      def phi(lam):
+        return sum(min(Decimal(1), self.g(v - lam) / lam) for v in self.s) - kD
+
+      hi = max(self.s)
+      m = min(nonzero)
+      lo = min(m / 2, self.g(m / 2))  # every nonzero entry saturated: phi(lo) = #nonzero - k
+      assert phi(lo) > 0 and phi(hi) < 0
+      while hi - lo > _MAG_REL * hi:
+        mid = (lo * hi).sqrt() if hi > 4 * lo else (lo + hi) / 2
+        if phi(mid) > 0:
+          lo = mid
+        else:
+          hi = mid
+      self.lam = (lo + hi) / 2
+
+  def g(self, t):
+    return (t / self.l) ** self.a if t > 0 else Decimal(0)
+
+  def output(self, lam):
+    """(out, noise): sign(x_i) min(s_i, t_i + g(t_i / l)) and the scale of its
+    evaluation noise in the working dtype, |out| + a g (1 + |log(t / l)|)."""
+    out, noise = [], []
+    with decimal.localcontext(decimal_context()):
+      for v, xv in zip(self.s, self.x):
+        t = max(v - lam, Decimal(0))
+        gt = self.g(t)
+        value = min(v, t + gt)
+        out.append(math.copysign(float(value), xv))
+        if t > 0 and t + gt < v:
+          noise.append(float(value + self.a * gt * (1 + abs((t / self.l).ln()))))
+        else:
+          noise.append(float(value))
+    return np.array(out), np.array(noise)
+
+  def output_within(self, out, lam_err, *, out_ulps, eps, tiny):
+    """A backward-error check of ``out`` (float64 array): ``(ok per entry, message)``.
+
+    ``out`` must lie between the exact outputs at ``lam -/+ delta``, ``delta = lam_err +
+    2 eps lam + tiny`` (``lam_err`` a Decimal: how far the threshold may be), widened by
+    ``out_ulps`` of the output map's evaluation noise, with the sign of ``x``.
+    """
+    with decimal.localcontext(decimal_context()):
+      delta = lam_err + Decimal(2 * eps) * self.lam + Decimal(tiny)
+      upper, noise_lo = self.output(max(self.lam - delta, Decimal(0)))  # out is nonincreasing
+      lower, noise_hi = self.output(self.lam + delta)                   # in lam (in |out|)
+    slack = out_ulps * eps * np.maximum(noise_lo, noise_hi) + tiny
+    mag, hi_mag, lo_mag = np.abs(out), np.abs(upper), np.abs(lower)
+    ok = ((mag <= hi_mag + slack) & (mag >= lo_mag - slack)
+          & ((out == 0) | (np.sign(out) == np.sign(self.x))))
+    return ok, f"out {out!r}\n exact outputs in [{lower!r},\n {upper!r}]\n slack {slack!r}"
 
 
 def mag_isotonic_pav(x, k, l, p):

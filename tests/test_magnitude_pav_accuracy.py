@@ -25,6 +25,8 @@ What is checked:
 
 import decimal
 import math
+import os
+import sys
 from decimal import Decimal
 
 import jax
@@ -37,72 +39,10 @@ from hypothesis import strategies as st
 import implicit_topk as itk
 from implicit_topk import problems
 
+sys.path.insert(0, os.path.dirname(__file__))
+import references as R  # noqa: E402
+
 jax.config.update("jax_enable_x64", True)
-
-_PREC = 40
-_REL = Decimal(10) ** -25  # bisection stops at this relative bracket width
-
-
-def _exponent(p):
-  """a = 1 / (p - 1) of the float p, an integer when within 1e-9 of one (the operator's
-  definition of its exponent: p = 4/3 is the cubic a = 3)."""
-  a = 1.0 / (float(p) - 1.0)
-  r = round(a)
-  return r if r >= 1 and abs(a - r) <= 1e-9 * max(1.0, a) else a
-
-
-def _context():
-  return decimal.Context(prec=_PREC, Emin=-999999, Emax=999999)
-
-
-class Reference:
-  """The exact threshold of one row (``x`` 1-D floats) and the exact output map."""
-
-  def __init__(self, x, k, l, p):
-    self.x = np.asarray(x, np.float64)
-    with decimal.localcontext(_context()):
-      self.a = Decimal(_exponent(p))
-      self.l = Decimal(float(l))
-      self.s = [abs(Decimal(float(v))) for v in self.x]
-      kD = Decimal(float(k))
-      nonzero = [v for v in self.s if v > 0]
-      if len(nonzero) <= kD:
-        self.lam = Decimal(0)
-        return
-
-      def phi(lam):
-        return sum(min(Decimal(1), self.g(v - lam) / lam) for v in self.s) - kD
-
-      hi = max(self.s)
-      m = min(nonzero)
-      lo = min(m / 2, self.g(m / 2))  # every nonzero entry saturated: phi(lo) = #nonzero - k
-      assert phi(lo) > 0 and phi(hi) < 0
-      while hi - lo > _REL * hi:
-        mid = (lo * hi).sqrt() if hi > 4 * lo else (lo + hi) / 2
-        if phi(mid) > 0:
-          lo = mid
-        else:
-          hi = mid
-      self.lam = (lo + hi) / 2
-
-  def g(self, t):
-    return (t / self.l) ** self.a if t > 0 else Decimal(0)
-
-  def output(self, lam):
-    """(out, noise): sign(x_i) min(s_i, t_i + g(t_i / l)) and the scale of its
-    evaluation noise in the working dtype, |out| + a g (1 + |log(t / l)|)."""
-    out, noise = [], []
-    with decimal.localcontext(_context()):
-      for v, xv in zip(self.s, self.x):
-        t = max(v - lam, Decimal(0))
-        gt = self.g(t)
-        value = min(v, t + gt)
-        out.append(math.copysign(float(value), xv))
-        if t > 0 and t + gt < v:
-          noise.append(float(value + self.a * gt * (1 + abs((t / self.l).ln()))))
-        else:
-          noise.append(float(value))
-    return np.array(out), np.array(noise)
 
 
 def _pav_lam(x, k, l, p):
@@ -123,9 +63,9 @@ def _check(x, k, l, p, *, lam_ulps, out_ulps):
   dtype = np.dtype(x.dtype)
   eps = float(np.finfo(dtype).eps)
   tiny = float(np.finfo(dtype).tiny)
-  ref = Reference(np.asarray(x), float(jnp.asarray(k, dtype)), float(jnp.asarray(l, dtype)), p)
+  ref = R.MagnitudeDecimal(np.asarray(x), float(jnp.asarray(k, dtype)), float(jnp.asarray(l, dtype)), p)
   lam = float(_pav_lam(x, k, l, p))
-  with decimal.localcontext(_context()):
+  with decimal.localcontext(R.decimal_context()):
     lam_err = abs(Decimal(lam) - ref.lam)
     # Below the normal range (exact thresholds that underflow, e.g. 1e-400) the kernel's
     # float arithmetic resolves lam only to a few multiples of the smallest normal.
@@ -138,18 +78,12 @@ def _check(x, k, l, p, *, lam_ulps, out_ulps):
     assert lam_err <= lam_tol, (
         f"lam {lam!r} vs reference {float(ref.lam)!r}: "
         f"{float(lam_err / max(ref.lam, Decimal(tiny)) / Decimal(eps)):.3g} ulps")
-    delta = lam_err + Decimal(2 * eps) * ref.lam + Decimal(tiny)
-    upper, noise_lo = ref.output(max(ref.lam - delta, Decimal(0)))  # out is nonincreasing
-    lower, noise_hi = ref.output(ref.lam + delta)                   # in lam (in |out|)
   # jit: with a new static p each time, one compilation is cheaper than eager dispatch
   out = jax.jit(lambda x, k, l: itk.soft_topk_mag(x, k, regularization_strength=l, p=p, solver="pav"))(
       x, jnp.asarray(k, dtype), jnp.asarray(l, dtype))
   out = np.asarray(out, np.float64)
-  slack = out_ulps * eps * np.maximum(noise_lo, noise_hi) + tiny
-  mag, hi_mag, lo_mag = np.abs(out), np.abs(upper), np.abs(lower)
-  ok = (mag <= hi_mag + slack) & (mag >= lo_mag - slack) & ((out == 0) | (np.sign(out) == np.sign(ref.x)))
-  assert np.all(ok), (f"out {out!r}\n exact outputs in [{lower!r},\n {upper!r}]\n "
-                      f"slack {slack!r}; lam {lam!r} vs {float(ref.lam)!r}")
+  ok, why = ref.output_within(out, lam_err, out_ulps=out_ulps, eps=eps, tiny=tiny)
+  assert np.all(ok), f"{why}; lam {lam!r} vs {float(ref.lam)!r}"
   return out, lam
 
 

@@ -98,15 +98,33 @@ class Magnitude:
     return _regularizers.piece_degree(self.regularizer)
 
   def _link(self, t, l):
-    """g(t / l) for 0 < t < inf, 0 for t = 0, inf for t = inf; finite derivatives."""
+    """g(t / l) for 0 < t < inf, 0 for t = 0, inf for t = inf; finite derivatives.
+
+    For ``p > 2`` (``a = 1/(p-1) < 1``) as ``t^a l^-a``: ``t / l`` can leave the float
+    range (float32 ``t = 1e-19``, ``l = 1e19``) where ``g`` itself does not, while
+    ``t^a`` and ``l^-a`` stay inside it for every ``t`` and every allowed ``l``. For
+    ``p <= 2`` ``g(t / l)`` leaves the range with ``t / l`` (it is then 0 next to ``t``,
+    or saturated), so the quotient is kept.
+    """
     inside = (t > 0) & (t < jnp.inf)
     safe = jnp.where(inside, t, jnp.ones_like(t))
-    value = self.regularizer.link(safe / l)
+    a = self.regularizer.exponent
+    if a < 1:
+      power = jnp.asarray(a, safe.dtype)
+      value = jnp.power(safe, power) * jnp.power(l, -power)
+    else:
+      value = self.regularizer.link(safe / l)
     return jnp.where(inside, value, jnp.where(t > 0, t, jnp.zeros_like(t)))
 
   def _h(self, u, l):
-    """``h(u) = u + l u^(p-1)`` for ``u >= 0``: ``h(abs(y*_i))`` is the output of a kept entry."""
-    return u + l * jnp.power(u, jnp.asarray(self.p - 1.0, u.dtype))
+    """``h(u) = u + l u^(p-1)`` for ``u >= 0``: ``h(abs(y*_i))`` is the output of a kept
+    entry; for ``p > 2`` as ``u + (u l^a)^(p-1)`` (``u^(p-1)`` alone can underflow while
+    ``l u^(p-1)`` is of the order of ``u``)."""
+    pm1 = jnp.asarray(self.p - 1.0, u.dtype)
+    a = self.regularizer.exponent
+    if a < 1:
+      return u + jnp.power(u * jnp.power(l, jnp.asarray(a, u.dtype)), pm1)
+    return u + l * jnp.power(u, pm1)
 
   # -- the problem ----------------------------------------------------------------
   def normalize(self, x, l):
@@ -168,7 +186,7 @@ class Magnitude:
     nonzero = L.map(lambda v: jnp.isfinite(v) & (v > 0), s)
     m = L.min(L.map(lambda v, nz: jnp.where(nz, v, jnp.inf), s, nonzero))
     m = jnp.where(jnp.isfinite(m), m, 1)
-    lo = jnp.minimum(0.5 * m, self.regularizer.link(0.5 * m / l))
+    lo = jnp.minimum(0.5 * m, self._link(0.5 * m, l))
     s_max = jnp.maximum(L.max(L.map(lambda v: jnp.where(jnp.isfinite(v), v, 0), s)), 0)
     n_inf = L.count(L.map(lambda v: v == jnp.inf, s), dtype)
     nnz = L.count(nonzero, dtype)
@@ -184,7 +202,7 @@ class Magnitude:
     # with h(lo) <= s_(m): min(s_(m) / 2, g(s_(m) / (2 l))), as above for the smallest s.
     top_m, next_j = top_order_statistics(L, s, (jnp.ceil(k), jnp.floor(k) + 1))
     usable = (n_inf == 0) & (k >= 1)
-    tight_lo = jnp.minimum(0.5 * top_m, self.regularizer.link(0.5 * top_m / l))
+    tight_lo = jnp.minimum(0.5 * top_m, self._link(0.5 * top_m, l))
     lo = jnp.where(usable & (tight_lo > lo) & (tight_lo < hi), tight_lo, lo)
     hi = jnp.where(usable & (next_j > lo) & (next_j < hi), next_j, hi)
     return Bracket(lo, hi, known, value)
@@ -301,10 +319,18 @@ class Magnitude:
     threshold is its value at index :math:`\lfloor k\rfloor` (0-based). Approximate:
     it stops once a sweep changes the dual by at most ``tol``, or after ``maxiter``.
     """
-    s = jnp.abs(x)
     bracket = self.bracket(x, k, l)
+    # p = 2: mag(c x, l) = c mag(x, l). A power of 2 c brings the largest finite magnitude
+    # to 2^(max exponent - 16) or below, so that Dykstra's pair means (and the surrogate
+    # of an inf) stay finite near the float maximum; exact, and lam / c is the threshold.
+    # Only rows that need it are scaled: an entry it sends below the normal floats is
+    # then below lam's resolution.
+    s = jnp.abs(x)
+    top = jnp.max(jnp.where(jnp.isfinite(s), s, 0), axis=-1)
+    shift = jnp.maximum(jnp.frexp(top)[1] - (jnp.finfo(x.dtype).maxexp - 16), 0)
+    s = jnp.ldexp(s, -shift[..., None])
     # inf -> a magnitude that is kept whenever the row has a threshold; NaN rows are known.
-    big = ((bracket.hi + 1) * (2 + l))[..., None]
+    big = ((jnp.ldexp(top, -shift) + 1) * (2 + l))[..., None]
     surrogate = jnp.where(s == jnp.inf, big, jnp.where(jnp.isnan(s), 0, s))
     sorted_s = -jnp.sort(-surrogate, axis=-1)
     n = x.shape[-1]
@@ -317,6 +343,6 @@ class Magnitude:
       result = _dykstra.isotonic_dykstra(sorted_s / rho, rho, tol=tol, max_iter=maxiter)
       v, sweeps = result.v, result.iter_num
     index = jnp.clip(jnp.floor(k).astype(jnp.int32), 0, n - 1)
-    lam = jnp.take_along_axis(v, index[..., None], axis=-1)[..., 0]
+    lam = jnp.ldexp(jnp.take_along_axis(v, index[..., None], axis=-1)[..., 0], shift)
     lam = self.snap(lam, x, k, l, bracket.known)
     return jnp.where(bracket.known, bracket.value, lam), sweeps

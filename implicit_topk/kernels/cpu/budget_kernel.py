@@ -69,10 +69,10 @@ def budget_rows(x, k, l, m, a, y, shift, offset, strength, cut, lanes=True):
       probed = min(_PROBES, width)
       binds = True
       for b in range(b0, b0 + probed):
-        s, o, t, c = _solve_row(x[b], float(k[b]), float(l[b]), m, a, top, values, weights,
+        s, o, t, c = _solve_row(x[b], np.float64(k[b]), np.float64(l[b]), m, a, top, values, weights,
                                 scratch)
         shift[b], offset[b], strength[b], cut[b] = s, o, t, c
-        binds &= t < float(l[b])
+        binds &= t < np.float64(l[b])
       taken = (1 << probed) - 1
       if not binds and probed < width:
         taken |= budget_lanes.gathered_budget(
@@ -80,11 +80,11 @@ def budget_rows(x, k, l, m, a, y, shift, offset, strength, cut, lanes=True):
             shift, offset, strength, cut) << probed
     for b in range(b0, b0 + width):
       if not (taken >> (b - b0)) & 1:
-        s, o, t, c = _solve_row(x[b], float(k[b]), float(l[b]), m, a, top, values, weights,
+        s, o, t, c = _solve_row(x[b], np.float64(k[b]), np.float64(l[b]), m, a, top, values, weights,
                                 scratch)
         shift[b], offset[b], strength[b], cut[b] = s, o, t, c
       # from the values as stored (rounded to x's dtype), as the derivative kernels read
-      _write_mask(x[b], float(shift[b]), float(offset[b]), float(strength[b]),
+      _write_mask(x[b], np.float64(shift[b]), float(offset[b]), float(strength[b]),
                   float(cut[b]), a, y[b])
   return 0
 

@@ -138,10 +138,10 @@ def _budget_in_lanes(x, b0, width, span, gathered, plain, k, l, m, a, tol, work,
     distinct = True
     for j in range(m):
       distinct &= tops[j, r] > tops[j + 1, r]
-    lr = float(l[b0 + r])
+    lr = np.float64(l[b0 + r])
     # (at most m candidates: the plain mask; their cut tops[m] is the padding, -inf)
     at_most_m = gathered and state[native_lanes.COUNT, r] <= m
-    if (plain >> r) & 1 and (distinct or at_most_m) and lr > 0.0 and float(k[b0 + r]) < m:
+    if (plain >> r) & 1 and (distinct or at_most_m) and lr > 0.0 and np.float64(k[b0 + r]) < m:
       taken |= 1 << r
       few |= (1 << r) if at_most_m else 0
   # S(l) per lane, as the per-row kernel's _mask_sum sums it (every weight 1)
@@ -150,10 +150,10 @@ def _budget_in_lanes(x, b0, width, span, gathered, plain, k, l, m, a, tol, work,
     total[r] = 0.0
   for j in range(m):
     for r in range(width):
-      total[r] += _mask((tops[j, r] - tops[m, r]) / float(l[b0 + r]), a)
+      total[r] += _mask((tops[j, r] - tops[m, r]) / np.float64(l[b0 + r]), a)
   over = 0  # the lanes where S(l) < k (the plain mask would exceed m): l* is needed
   for r in range(width):
-    over |= (1 << r) if total[r] < float(k[b0 + r]) and not (few >> r) & 1 else 0
+    over |= (1 << r) if total[r] < np.float64(k[b0 + r]) and not (few >> r) & 1 else 0
   over &= taken
   if over != 0:  # (a block where the budget seldom binds skips the crossing pieces)
     _crossing_lanes(tops, m, k, b0, width, a, piece)
@@ -163,7 +163,7 @@ def _budget_in_lanes(x, b0, width, span, gathered, plain, k, l, m, a, tol, work,
   for r in range(width):
     star[r] = _crossing_from(piece, r, a) if (over >> r) & 1 else _INF
     unbound[count] = r
-    count += 1 if (taken >> r) & 1 and not float(l[b0 + r]) > star[r] else 0
+    count += 1 if (taken >> r) & 1 and not np.float64(l[b0 + r]) > star[r] else 0
   # (an unbound lane's threshold is at least its cut: the entries above it are among its
   # m largest, and the others add 0 there)
   native_lanes.compact(tops, m, values, state, unbound, count)
@@ -173,7 +173,7 @@ def _budget_in_lanes(x, b0, width, span, gathered, plain, k, l, m, a, tol, work,
   for r in range(width):
     if not (taken >> r) & 1:
       continue
-    c, kr, lr = tops[m, r], float(k[b0 + r]), float(l[b0 + r])
+    c, kr, lr = tops[m, r], np.float64(k[b0 + r]), np.float64(l[b0 + r])
     b = b0 + r
     cut[b] = c
     if lr > star[r]:  # the budget binds: lambda' = c at the strength l*
@@ -210,8 +210,8 @@ def _crossing_lanes(tops, m, k, b0, width, a, piece):
         q = (tops[i, r] - tops[m, r]) * inv[r]
         carry[r] += q if a == 1.0 else (q * q if a == 2.0 else q * q * q)
     for r in range(width):
-      dj, room = tops[j, r] - tops[m, r], float(k[b0 + r]) - j
-      first = found[r] == 0.0 and j + carry[r] > float(k[b0 + r])
+      dj, room = tops[j, r] - tops[m, r], np.float64(k[b0 + r]) - j
+      first = found[r] == 0.0 and j + carry[r] > np.float64(k[b0 + r])
       gap[r] = dj if first else gap[r]
       # (-1 where k - J <= 0: no room; M_J >= 1 otherwise)
       ratio[r] = (carry[r] / room if room > 0.0 else -1.0) if first else ratio[r]

@@ -197,16 +197,19 @@ def _block_eval(s, i0, i1, v, l, a, link=0):
             G += z * az
             dG += az
         dG *= 2.0 * inv_l
-    elif a == 0.5:
+    elif a < 1.0:
+        # g((s - v) / l) = g(s - v) l^-a: (s - v) / l can leave the float range where
+        # g of it does not (s - v = 1e-160, l = 1e160); g(s - v) and l^-a cannot.
+        scale = l ** -a
         for i in range(i0, i1):
-            z = (s[i] - v) * inv_l
-            r = math.sqrt(abs(z))
-            G += math.copysign(r, z)
-            if r > 0.0:
-                dG += 0.5 / r
+            d = s[i] - v
+            ad = abs(d)
+            if ad > 0.0:
+                t = (math.sqrt(ad) if a == 0.5 else ad ** a) * scale
+                G += math.copysign(t, d)
+                dG += a * t / ad
             else:
                 dG = np.inf
-        dG *= inv_l
     else:
         for i in range(i0, i1):
             z = (s[i] - v) * inv_l
@@ -215,8 +218,6 @@ def _block_eval(s, i0, i1, v, l, a, link=0):
                 t = az ** a
                 G += math.copysign(t, z)
                 dG += a * t / az
-            elif a < 1.0:
-                dG = np.inf
         dG *= inv_l
     return G, dG
 

@@ -161,7 +161,7 @@ def _tangent_loops(x, lam, shift, l, pin, x_dot, k_dot, l_dot, kind, a, y_dot, l
   rows, n = x.shape
   flagged, count = np.empty(rows if wide else 0, np.int64), 0
   for b in range(rows):
-    root, lb, origin, l_tangent = float(lam[b]), float(l[b]), float(shift[b]), float(l_dot[b])
+    root, lb, origin, l_tangent = np.float64(lam[b]), np.float64(l[b]), np.float64(shift[b]), np.float64(l_dot[b])
     row, x_tangent, out = x[b], x_dot[b], y_dot[b]
     inv = 1.0 / lb
     total, moved, overflow = 0.0, 0.0, 0.0
@@ -203,7 +203,7 @@ def _tangent_loops(x, lam, shift, l, pin, x_dot, k_dot, l_dot, kind, a, y_dot, l
       count += not (overflow == 0.0 and lb >= _STRENGTH_FLOOR)
   # after the loop, not in it (a call there cost the other rows 10-20%)
   for j in range(count):
-    factor = _row_factor(x, flagged[j], float(l[flagged[j]]))
+    factor = _row_factor(x, flagged[j], np.float64(l[flagged[j]]))
     if factor != 1.0:
       _tangent_row(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot,
                    flagged[j], factor, rule)
@@ -229,7 +229,7 @@ def _cotangent_loops(x, lam, shift, l, pin, y_bar, lam_bar, s_bar, kind, a, x_ba
   rows, n = x.shape
   flagged, count = np.empty(rows if wide else 0, np.int64), 0
   for b in range(rows):
-    root, lb, origin = float(lam[b]), float(l[b]), float(shift[b])
+    root, lb, origin = np.float64(lam[b]), np.float64(l[b]), np.float64(shift[b])
     row, cotangent, out = x[b], y_bar[b], x_bar[b]
     inv = 1.0 / lb
     total, weighted, overflow = 0.0, 0.0, 0.0
@@ -273,7 +273,7 @@ def _cotangent_loops(x, lam, shift, l, pin, y_bar, lam_bar, s_bar, kind, a, x_ba
       flagged[count] = b
       count += not (overflow == 0.0 and lb >= _STRENGTH_FLOOR)
   for j in range(count):
-    factor = _row_factor(x, flagged[j], float(l[flagged[j]]))
+    factor = _row_factor(x, flagged[j], np.float64(l[flagged[j]]))
     if factor != 1.0:
       _cotangent_row(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_bar,
                      flagged[j], factor, rule)
@@ -309,8 +309,8 @@ def _tangent_row(x, lam, shift, l, x_dot, k_dot, l_dot, kind, a, y_dot, lam_dot,
                  rule):
   literally(rule)
   n = x.shape[1]
-  root, origin = float(lam[b]), float(shift[b])
-  lb, l_tangent = float(l[b]) * factor, float(l_dot[b]) * factor
+  root, origin = np.float64(lam[b]), np.float64(shift[b])
+  lb, l_tangent = np.float64(l[b]) * factor, np.float64(l_dot[b]) * factor
   inv = 1.0 / lb
   total, moved = 0.0, 0.0
   for i in range(n):
@@ -332,8 +332,8 @@ def _cotangent_row(x, lam, shift, l, y_bar, lam_bar, kind, a, x_bar, k_bar, l_ba
                    rule):
   literally(rule)
   n = x.shape[1]
-  root, origin = float(lam[b]), float(shift[b])
-  lb = float(l[b]) * factor
+  root, origin = np.float64(lam[b]), np.float64(shift[b])
+  lb = np.float64(l[b]) * factor
   inv = 1.0 / lb
   total, weighted = 0.0, 0.0
   for i in range(n):

@@ -80,6 +80,24 @@ def _link(u, a):
 
 
 @njit(inline="always", **_OPTIONS)
+def _link_factors(l, a):
+  """``(1 / l, l^-a)``: the factors of :func:`_scaled_link` (``l^-a`` only for ``a < 1``)."""
+  return 1.0 / l, (math.pow(l, -a) if a < 1.0 else 1.0)
+
+
+@njit(inline="always", **_OPTIONS)
+def _scaled_link(t, inv, scale, a):
+  """g(t / l) for t >= 0 from :func:`_link_factors`: ``g(t / l)`` for ``a >= 1``,
+  ``g(t) l^-a`` for ``a < 1`` (``p > 2``), where ``t / l`` can leave the float range
+  (``t = 1e-160``, ``l = 1e160``) while ``g(t / l)`` does not; ``g(t)`` and ``l^-a`` stay
+  inside it for every ``t`` and allowed ``l``. For ``a >= 1``, ``g(t / l)`` leaves the
+  range with ``t / l``: it is then 0 next to ``t``, or saturated."""
+  if a < 1.0:
+    return _link(t, a) * scale
+  return _link(t * inv, a)
+
+
+@njit(inline="always", **_OPTIONS)
 def _magnitude_phi(values, count, mu, l, target, shift, a):
   r"""(F, dF/dmu, d2F/dmu2) / lam at :math:`\lambda = \mu 2^{\mathrm{shift}}` over
   the magnitudes values[:count].
@@ -100,13 +118,13 @@ def _magnitude_phi(values, count, mu, l, target, shift, a):
   lam = math.ldexp(mu, shift)
   if not lam >= _TINY:  # the limit lam -> 0+ (every nonzero entry saturated), or below
     return count - target, 0.0, 0.0
-  inv = 1.0 / l
+  inv, scale = _link_factors(l, a)
   saturated, total, slope, curve = 0.0, 0.0, 0.0, 0.0
   for i in range(count):
     t = values[i] - lam
     if t <= 0.0:
       continue
-    y = _link(t * inv, a) / lam
+    y = _scaled_link(t, inv, scale, a) / lam
     if y > 1.0:
       saturated += 1.0
     else:
@@ -146,9 +164,13 @@ _newton = _with_globals(_nt._newton, _newton_iteration=_newton_iteration)
 
 
 @njit(inline="always", **_OPTIONS)
-def _h(y, l, pm1):
-  """h(y) = y + l y^(p-1): the output of an entry whose solution is y (increasing)."""
-  return y + l * _link(y, pm1)
+def _h(y, l, a):
+  """h(y) = y + l y^(p-1): the output of an entry whose solution is y (increasing); for
+  ``p > 2`` as ``y + (y l^a)^(p-1)`` (``y^(p-1)`` alone can underflow where ``l y^(p-1)``
+  is of the order of ``y``)."""
+  if a < 1.0:
+    return y + _link(y * math.pow(l, a), 1.0 / a)
+  return y + l * _link(y, 1.0 / a)
 
 
 @njit(**_OPTIONS)
@@ -162,10 +184,12 @@ def _h_inverse(s, l, a):
   (one power, then products), and an upper bound :math:`u \ge u^*` gives the lower
   bounds :math:`y^* = s - l u^* \ge s - l u` and
   :math:`y^* = g((s - u^{*a})/l) \ge g((s - u^a)/l)`: the first where :math:`l u \le
-  s/2`, the second elsewhere (no cancellation either way). For :math:`p > 2`
-  :math:`H` is concave: Newton from :math:`u_0 = \min((s/2)^{1/a}, s/(2l)) \le u^*`
-  increases monotonically to it, and :math:`g(u) \le y^*`. Either stops once a step
-  is below :math:`2^{-44} u` (quadratic convergence: then at rounding level).
+  s/2`, the second elsewhere (no cancellation either way). For :math:`p > 2` the
+  iteration runs on :math:`y` itself, :math:`h(y) = y + (c y)^{p-1}` with
+  :math:`c = l^a`, convex: Newton from :math:`y_0 = \min(s, s^a / c) \ge y^*`
+  (within a factor 2 of it) decreases to it, with the same two lower bounds. Either
+  stops once a step is below :math:`2^{-44}` of the iterate (quadratic convergence:
+  then at rounding level).
   """
   if a == 1.0:
     return s / (1.0 + l)
@@ -184,16 +208,24 @@ def _h_inverse(s, l, a):
     if l * u <= 0.5 * s:
       return max(s - l * u, 0.0)
     return _link(max(s - _link(u, a), 0.0) * (1.0 / l), a)
-  u = min(math.pow(0.5 * s, 1.0 / a), 0.5 * s * (1.0 / l))  # H concave: from below
+  # p > 2: h(y) = y + (c y)^(p-1), c = l^a (no power of y alone, which can leave the
+  # float range), is convex: Newton from y_0 = min(s, s^a / c) >= y* decreases to y*.
+  pm1 = 1.0 / a
+  c = math.pow(l, a)
+  y = min(s, _link(s, a) / c)
   for _ in range(_H_STEPS):
-    power = _link(u, a)
-    step = (s - (power + l * u)) / (a * power / u + l)
-    if not step > 0.0:
+    power = _link(c * y, pm1)
+    step = (y + power - s) / (1.0 + pm1 * power / y)
+    if not step > 0.0:  # at the root up to rounding (or y = 0: s^a / c underflowed)
       break
-    u += step
-    if step <= _H_TOL * u:
+    y -= step
+    if step <= _H_TOL * y:
       break
-  return _link(u, a)
+  # y >= y*, so y* = s - (c y*)^(p-1) >= s - (c y)^(p-1) and y* = g(s - y*) / c >=
+  # g(s - y) / c: the first where y >= s / 2, the second elsewhere (no cancellation).
+  if y >= 0.5 * s:
+    return max(s - _link(c * y, pm1), 0.0)
+  return _link(s - y, a) / c
 
 
 @njit(**_OPTIONS)
@@ -271,7 +303,7 @@ def magnitude_row(row, n, k, l, a, tol, work, scratch, guess):
     guess[0] = _sample_guess(row, n, k, l, a, scratch)
   if valid and guess[0] > 0.0 and guess[0] < np.inf:  # (an h^-1 that underflowed: none)
     low = guess[0]
-    count, above, bad = _gather_above(row, n, low, _h(low, l, 1.0 / a) * (1.0 + _H_SLACK), work)
+    count, above, bad = _gather_above(row, n, low, _h(low, l, a) * (1.0 + _H_SLACK), work)
     if bad or above < m + 1:
       count = -1
   if count < 0:
@@ -291,7 +323,7 @@ def magnitude_row(row, n, k, l, a, tol, work, scratch, guess):
   # Binary where h(s_(k+1)) < s_(k), i.e. s_(k+1) < h^-1(s_(k)): then lambda is the middle
   # of [s_(k+1), h^-1(s_(k))]. lo is h^-1(s_(k)) up to rounding: h itself decides only
   # within that distance of it.
-  if j == m and (hi < lo or (hi <= lo * (1.0 + _H_SLACK) and _h(hi, l, 1.0 / a) < s_m)):
+  if j == m and (hi < lo or (hi <= lo * (1.0 + _H_SLACK) and _h(hi, l, a) < s_m)):
     return _nt._midpoint(hi, max(lo, hi)), 0, count, k_f
   if lo < _TINY:
     # XLA's CPU runtime flushes subnormal floats to 0: keep the iteration on normal
@@ -324,12 +356,12 @@ def magnitude_rows(x, k, l, a, lam, passes, residual):
   guess = np.full(1, np.inf)
   tol = 4.0 * np.finfo(lam.dtype).eps
   for b in range(rows):
-    lb = float(l[b])
-    value, it, count, k_f = magnitude_row(x[b], n, float(k[b]), lb, a, tol, work, scratch, guess)
+    lb = np.float64(l[b])
+    value, it, count, k_f = magnitude_row(x[b], n, np.float64(k[b]), lb, a, tol, work, scratch, guess)
     lam[b] = value
     passes[b] = it
     if count >= 0:
-      residual[b] = abs(_magnitude_phi(work, count, float(lam[b]), lb, k_f, 0, a)[0])
+      residual[b] = abs(_magnitude_phi(work, count, np.float64(lam[b]), lb, k_f, 0, a)[0])
     else:
       residual[b] = 0.0 if value == value else np.nan
   return 0

@@ -134,7 +134,7 @@ def capped_rows(x, k, l, kind, a, pm1, lam):
     xs = np.empty(n)
     scratch = np.empty(n, dtype=np.uint64)
     for b in range(rows):
-        kb, lb = float(k[b]), float(l[b])
+        kb, lb = np.float64(k[b]), np.float64(l[b])
         sort_ascending(x[b], xs, scratch, False)
         scale = 1.0
         if lb > 0.0 and lb < np.inf and (lb > _FAR_L or lb < 1.0 / _FAR_L):

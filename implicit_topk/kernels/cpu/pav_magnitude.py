@@ -56,6 +56,10 @@ from implicit_topk.kernels.cpu.radix_sort import sort_ascending
 
 
 _TINY = 5e-324  # the smallest positive float64: lower bracket end when the bound underflows
+# p = 4/3 rows whose nonzero magnitudes and strength lie in this range take the closed
+# form of the cubic (its moments, s^3 and l^3 s summed over a block, stay normal floats
+# far from overflow); others Newton's method on the data (the "general" solvers, a = 3).
+_CUBIC_RANGE = (2.0**-200, 2.0**200)
 
 
 @njit(cache=True)
@@ -69,13 +73,22 @@ def _pow(z, a):
 
 
 @njit(cache=True)
+def _scaled_pow(z, l, a):
+    """``g(z / l) = (z / l)^a`` for ``z >= 0``; for ``a < 1`` as ``z^a l^-a``, where
+    ``z / l`` can leave the float range while the result does not."""
+    if a < 1.0:
+        return z ** a * l ** -a
+    return _pow(z / l, a)
+
+
+@njit(cache=True)
 def _mag_lower(s, i0, i1, W, l, a):
     """A positive lower bound on the value of the block ``s[i0:i1]`` (descending,
     > 0): at ``v = min(s_min / 2, m g(s_min / (2 l)) / W)`` every term is at least
     ``g(s_min / (2 l))``, so ``F_B(v) >= m g(s_min / (2 l)) - W v >= 0``."""
     half = 0.5 * s[i1 - 1]
     if W > 0.0:
-        c = (i1 - i0) * _pow(half / l, a) / W
+        c = (i1 - i0) * _scaled_pow(half, l, a) / W
         if c < half:
             half = c
     return max(half, _TINY)
@@ -268,9 +281,11 @@ def _mag_singleton_general(s, i, w, l, a, pm1):
     si = s[i]
     if w == 0.0:
         return si
-    hi = _pow(si / l, a) / w
+    hi = _scaled_pow(si, l, a) / w
     hi = min(si, hi * (1.0 + 4.0 * (a + 2.0) * _EPS))
-    lo = max(si - l * (w * si) ** pm1 - 4.0 * _EPS * si, 0.0)
+    # l (w s)^(p-1), as (w s l^a)^(p-1) for p > 2, where (w s)^(p-1) alone can underflow
+    drop = l * (w * si) ** pm1 if a >= 1.0 else (w * si * l ** a) ** pm1
+    lo = max(si - drop - 4.0 * _EPS * si, 0.0)
     v = hi
     if lo > 0.0 and lo < hi:
         v = lo + 0.5 * (hi - lo)
@@ -330,13 +345,16 @@ def magnitude_row(kind, xa, k, l, a, pm1):
     if not np.isfinite(kf) or kf < 0.0:
         return np.nan
     if kf == 0.0:
-        return float(xa[hi_f - 1]) + l if hi_f > 0 else 0.0
+        return np.float64(xa[hi_f - 1]) + l if hi_f > 0 else 0.0
     lo_p = 0  # zeros are below any lam > 0: drop them
     while lo_p < hi_f and xa[lo_p] == 0.0:
         lo_p += 1
     m = hi_f - lo_p
     if m <= kf:
         return 0.0
+    if kind == CUBIC and not (_CUBIC_RANGE[0] <= min(xa[lo_p], l)
+                              and max(xa[hi_f - 1], l) <= _CUBIC_RANGE[1]):
+        kind = GENERAL  # the cubic's moments (s^3, l^3 s) would leave the float range
     s = np.empty(m)
     for i in range(m):
         s[i] = xa[hi_f - 1 - i]
@@ -372,7 +390,7 @@ def magnitude_rows(x, k, l, kind, a, pm1, lam):
     scratch = np.empty(n, dtype=np.uint64)
     for b in range(rows):
         sort_ascending(x[b], xa, scratch, True)
-        lam[b] = magnitude_row(kind, xa, float(k[b]), float(l[b]), a, pm1)
+        lam[b] = magnitude_row(kind, xa, np.float64(k[b]), np.float64(l[b]), a, pm1)
     return 0
 
 

@@ -92,7 +92,7 @@ def permutahedron_rows(x, w, l, kind, a, pm1, sort_x, sort_w, values, ids, x_ord
             x64[i] = x[b * xs, i]
             w64[i] = w[b * ws, i]
         permutahedron_row(kind, x64, x_order[b], sort_x, w64, w_order[b], sort_w,
-                          float(l[b]), a, pm1, v64, ids[b], x_inverse[b])
+                          np.float64(l[b]), a, pm1, v64, ids[b], x_inverse[b])
         for i in range(n):
             values[b, i] = v64[i]
     return 0
