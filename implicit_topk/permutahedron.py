@@ -162,6 +162,8 @@ def _lp(x, w, l, regularizer, dtype, solver):
     s_, w_, l_ = jax.lax.stop_gradient((s, w_sorted, l))
     values, ids = _jax_blocks(s_ / scale[:, None], w_, l_ / scale, kind=p)
   y_sorted = _sorted_argmax(values, ids, s, w_sorted, l, scale, regularizer)
+  if p == "exp" and w is not None:  # no entropic solution: w_i < 0 (_check_nonnegative_generator)
+    y_sorted = jnp.where(jnp.any(w < 0, axis=-1, keepdims=True), jnp.nan, y_sorted)
   return _take_rows(y_sorted, inverse, permutation=True) if x is not None else y_sorted
 
 
@@ -302,20 +304,35 @@ def _block_roots(link, p, d, w, guess, first, spread, block_sums):
   return state[1]
 
 
-def _permutahedron(x, w, *, l, p, regularizer, axis, solver):
+def _permutahedron(x, w, *, l, p, regularizer, axis, solver, generator="w"):
   """The LP along ``axis`` for ``x``, ``w`` (None: the ranks; an array given for both
   has one shape): the shape and dtype of the given array. One cached ``jax.jit`` per
   regularizer, solver and axis (an unhashable user-defined regularizer runs without
-  it), so that eager calls trace once per shape."""
+  it), so that eager calls trace once per shape. ``generator``: the user's name of ``w``
+  in errors."""
   data = x if x is not None else w
   axis = _validation.canonicalize_axis(axis, data.ndim)
   _validation.check_strength(l, data.dtype)
   _validation.check_choice(solver, "solver", SOLVERS)
   solver = "pav_jax" if solver == "auto" else solver
   regularizer = regularizers.resolve(regularizer, p)
+  if w is not None and _kernel_spec(regularizer) == "exp":
+    _check_nonnegative_generator(w, generator)
   run = _lp_on_axis_jit if _apply._hashable(regularizer) else _lp_on_axis  # pylint: disable=protected-access
   return run(x, w, _apply.as_parameter(l, data.dtype), regularizer=regularizer, axis=axis,
              solver=solver)
+
+
+def _check_nonnegative_generator(w, name):
+  """The entropy's ``y log y`` needs ``y >= 0``, and the permutahedron of ``w`` has
+  points outside the positive orthant unless ``w >= 0``: a concrete negative entry is a
+  ``ValueError`` naming the argument (a traced one gives NaN rows, :func:`_lp`)."""
+  concrete = _validation.concrete(w)
+  if concrete is not None and np.any(concrete < 0):
+    raise ValueError(
+        f"`{name}` must be >= 0 with regularizer='entropy' (its y log y needs y >= 0 on "
+        f"the permutahedron of `{name}`); got a minimum of {float(np.min(concrete))!r}. "
+        "Use a p-norm regularizer (p=2: fast-soft-sort's 'l2'), or shift the values.")
 
 
 def _lp_on_axis(x, w, l, *, regularizer, axis, solver):
@@ -387,7 +404,8 @@ def permutahedron_argmax(x: ArrayLike, w: ArrayLike, *,
     ValueError: a concrete ``regularization_strength`` outside
       :math:`[2^{-1022}, 2^{1022})` (float64) or :math:`[2^{-126}, 2^{126})` (float32 and
       the half types), an unknown ``solver``,
-      or a regularizer other than a p-norm or the entropy.
+      or a regularizer other than a p-norm or the entropy; with the entropy, a concrete
+      ``w`` with a negative entry (traced: its row is NaN).
     TypeError: both ``regularization_strength`` and ``l`` given.
 
   Example:
@@ -528,7 +546,8 @@ def soft_sort(x: ArrayLike, k: int | None = None, *,
   Raises:
     ValueError: a concrete ``regularization_strength`` outside the range of
       :func:`permutahedron_argmax`, ``k`` outside
-      ``[0, n]`` or an unknown ``solver``.
+      ``[0, n]``, an unknown ``solver``, or ``regularizer="entropy"`` with a concrete
+      negative entry of ``x`` (traced: its row is NaN).
     TypeError: a non-integer ``k``, or both a new name and its deprecated one given.
 
   Example:
@@ -552,7 +571,8 @@ def soft_sort(x: ArrayLike, k: int | None = None, *,
   moved = jnp.moveaxis(x, axis, -1)
   # ascending: the descending solution reversed (the LP over P(x) with the ranks reversed,
   # for any permutation-invariant regularizer; the entropy's needs x > 0, not -x > 0)
-  y = _permutahedron(None, moved, l=l, p=p, regularizer=regularizer, axis=-1, solver=solver)
+  y = _permutahedron(None, moved, l=l, p=p, regularizer=regularizer, axis=-1, solver=solver,
+                     generator="x")
   if not descending:
     y = y[..., ::-1]
   if k is not None:

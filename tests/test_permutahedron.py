@@ -469,3 +469,29 @@ def test_non_finite_entries_make_their_row_nan():
             perm.soft_quantile(x, jnp.array([0.2, 0.5]), axis=-1).T,
             perm.permutahedron_argmax(x, jnp.arange(4.0))):
     assert np.all(np.isnan(y[:2])) and np.all(np.isfinite(y[2])), y
+
+
+@pytest.mark.parametrize("solver", ["auto", "pav"])
+def test_entropy_needs_a_nonnegative_generator(solver):
+  """The entropy's ``y log y`` needs ``y >= 0``, which the permutahedron of ``w`` allows
+  only for ``w >= 0``: ``soft_sort([-1, 1, 2], regularizer="entropy")`` returned positive
+  values summing to 2 (or NaN), with nothing said. Concrete: a ValueError naming the
+  argument; traced: NaN rows (the others unaffected); zeros are allowed."""
+  kw = dict(regularizer="entropy", solver=solver)
+  negative = jnp.array([-1.0, 1.0, 2.0])
+  calls = {"x": [lambda: perm.soft_sort(negative, **kw),
+                 lambda: perm.soft_quantile(negative, 0.5, **kw),
+                 lambda: perm.soft_topk_values(negative, 2, **kw)],
+           "w": [lambda: perm.permutahedron_argmax(jnp.ones(3), negative, **kw)]}
+  for name, fns in calls.items():
+    for fn in fns:
+      with pytest.raises(ValueError, match=f"`{name}` must be >= 0 with regularizer='entropy'"):
+        fn()
+  rows = jnp.array([[-1.0, 1.0, 2.0], [0.0, 1.0, 2.0], [3.0, 1.0, 2.0]])
+  y = np.asarray(jax.jit(lambda v: perm.soft_sort(v, **kw))(rows))
+  assert np.all(np.isnan(y[0])) and np.all(np.isfinite(y[1:])), y
+  # the zero row: the LP over P((0, 1, 2)) (SLSQP, scipy), ascending
+  expected = _slsqp_argmax(np.arange(3, 0, -1.0), np.array([0.0, 1.0, 2.0]), 1.0, _entropy)
+  np.testing.assert_allclose(y[1], expected[::-1], atol=2e-5)
+  # soft_rank's generator is the ranks: any x
+  assert np.all(np.isfinite(perm.soft_rank(negative, **kw)))
