@@ -102,7 +102,7 @@ def check_k(k: ArrayLike, n: int, *, integer: bool = False, allow_zero: bool = T
   value = _concrete(k)
   if value is None:
     return
-  if not np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.complexfloating):
+  if not _is_real(value.dtype):
     raise TypeError(f"`{name}` must be a real number; got {shown(k)}.")
   low_ok = value >= 0 if allow_zero else value > 0
   if jax.export.is_symbolic_dim(n):  # a symbolic row length (jax.export): no upper check
@@ -143,12 +143,18 @@ def check_count(value: Any, name: str) -> int:
   return int(value)
 
 
+def _is_real(dtype) -> bool:
+  """An integer or real floating dtype, bfloat16 included (NumPy does not count it as a
+  number)."""
+  return bool(jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
+
+
 def check_positive(value: Any, name: str) -> None:
   """Checks value > 0 (finite) when value is concrete."""
   concrete = _concrete(value)
   if concrete is None:
     return
-  if not np.issubdtype(concrete.dtype, np.number):
+  if not _is_real(concrete.dtype):
     raise TypeError(f"`{name}` must be a positive real number; got {shown(value)}.")
   if not np.all(np.isfinite(concrete) & (concrete > 0)):
     raise ValueError(f"`{name}` must be finite and > 0; got {shown(value)}.")

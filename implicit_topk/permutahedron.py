@@ -83,6 +83,7 @@ from jax.typing import ArrayLike
 from implicit_topk import _apply
 from implicit_topk import _deprecation
 from implicit_topk import _implicit
+from implicit_topk import _quotient
 from implicit_topk import _validation
 from implicit_topk import regularizers
 from implicit_topk.kernels.cpu import pav_calls
@@ -228,41 +229,58 @@ def _sorted_argmax(values, ids, s, w, l, scale, regularizer):
     return jax.lax.platform_dependent(
         v, cpu=on_cpu, default=lambda v: isotonic.segmented_scan(v, to_last, reverse=True))
 
+  kind = _kernel_spec(regularizer)
+  # p > 2 (a < 1): d, t and the link in the units of s, g_l(v) = g(v / l) = g(v) l^-a, as
+  # (v / l) = y^(p-1) can leave the float range where y does not (float32 soft_sort of
+  # entries 1e-18 at p = 3, l = 1e36); otherwise in units of 1 / l.
+  in_units_of_s = kind != "exp" and regularizer.exponent < 1
+
   def offsets(s_, l_):  # d_i = (s_i - s_first) / l: exactly 0 for ties
-    return (s_ - spread(s_)) / l_
+    return s_ - spread(s_) if in_units_of_s else _quotient.quotient(s_ - spread(s_), l_)
+
+  def link(z, l_):  # g(z) / l^a: a quotient whose derivative in l forms no l^(-a-1)
+    if in_units_of_s:
+      return _quotient.quotient(regularizer.link(z), l_ ** jnp.asarray(regularizer.exponent, z.dtype))
+    return regularizer.link(z)
+
+  def link_inverse(r, l_):  # of `link`: sign(r) |r|^(p-1), times l in the units of s
+    root = jnp.sign(r) * jnp.abs(r) ** (1 / jnp.asarray(regularizer.exponent, r.dtype))
+    return root * l_ if in_units_of_s else root
 
   def optimality(t, s_, w_, l_):
-    return jnp.where(first, block_sums(regularizer.link(offsets(s_, l_) + spread(t)) - w_), t)
+    return jnp.where(first, block_sums(link(offsets(s_, l_) + spread(t), l_) - w_), t)
 
   # the PAV values at each block's first position, as t (a Newton start for other p)
   u = _take_rows(values, ids, sorted_index=True)
-  guess = jax.lax.stop_gradient((s / scale[:, None] - u) / (l / scale)[:, None])
+  unit = (1 / scale if in_units_of_s else l / scale)[:, None]
+  guess = jax.lax.stop_gradient((s / scale[:, None] - u) / unit)
 
   def solver(init, s_, w_, l_):
     del init  # never differentiated (custom_root)
     d = offsets(s_, l_)
-    kind = _kernel_spec(regularizer)
     if kind == "exp":  # log(sum w) - log(sum exp(d)), d <= 0 with d_first = 0
       t = jnp.log(block_sums(w_) / block_sums(jnp.exp(d)))
     elif regularizer.exponent == 1:  # p = 2: mean(w) - mean(d)
       t = block_sums(w_ - d) / block_sums(jnp.ones_like(d))
     else:
-      t = _block_roots(regularizer.link, kind, d, w_, guess, first, spread, block_sums)
+      t = _block_roots(lambda z: link(z, l_), lambda r: link_inverse(r, l_), d, w_, guess,
+                       first, spread, block_sums)
     return jnp.where(first, t, 0), jnp.zeros((), values.dtype)
 
   # init like the values (not s): under shard_map, s = the ranks is not varying.
   t, _ = _implicit.implicit_root(solver, optimality, jnp.zeros_like(values), (s, w, l_col),
                                  backend="lax")
-  y = regularizer.link(offsets(s, l_col) + spread(t))
+  y = link(offsets(s, l_col) + spread(t), l_col)
   # A singleton block's condition is link(z_i) = w_i, so y_i = w_i, derivatives included;
   # through the link they would be 0 / 0 where w_i = 0 (link'(0) = 0 for p < 2, inf for p > 2).
   y = jnp.where(first & last, w, y)
   return jnp.where(jnp.isnan(values[:, :1]), jnp.nan, y)  # the solvers' NaN rows stay NaN
 
 
-def _block_roots(link, p, d, w, guess, first, spread, block_sums):
+def _block_roots(link, link_inverse, d, w, guess, first, spread, block_sums):
   r"""Roots :math:`t_B` of :math:`h_B(t) = \sum_{i \in B} g(d_i + t) - W_B` for a p-norm
-  link ``g`` (increasing), every block at once, read at the blocks' first positions.
+  link ``g`` (increasing, odd; ``link_inverse`` its inverse), every block at once, read at
+  the blocks' first positions.
 
   With :math:`d_i \le 0` and :math:`r = W_B / |B|`, :math:`t_B` lies in
   :math:`[g^{-1}(r), g^{-1}(r) - \sum_B d_i]` (each term lies between
@@ -274,7 +292,7 @@ def _block_roots(link, p, d, w, guess, first, spread, block_sums):
   count = block_sums(jnp.ones_like(d))
   total = block_sums(w)
   r = total / count
-  lo = jnp.sign(r) * jnp.abs(r) ** (p - 1.0)  # g^{-1}(r)
+  lo = link_inverse(r)
   hi = lo - block_sums(d)
   hi = jnp.maximum(hi, lo)
   t = jnp.clip(jnp.where(jnp.isfinite(guess), guess, lo), lo, hi)

@@ -40,6 +40,7 @@ from jax.typing import ArrayLike
 
 from implicit_topk import _apply
 from implicit_topk import _deprecation
+from implicit_topk import _quotient
 from implicit_topk import _validation
 
 __all__ = ["grad_topk", "iterative_softmax_topk"]
@@ -90,20 +91,6 @@ def _on_last_axis(fn: Callable, x: ArrayLike, k: Any, l: Any, axis: int, op: str
     return fn(rows, jnp.expand_dims(l_rows, -1) if l_rows.ndim else l_rows, k)
 
   return _apply.apply_on_axis(on_rows, x, axis)
-
-
-@jax.custom_jvp
-def _over(d, l):
-  """``d / l``, differentiated in ``l`` as ``-(d / l) / l``: autodiff of ``d / l`` forms
-  ``d * l**-2``, which overflows (and gives 0 * inf = NaN) for a small ``l``."""
-  return d / l
-
-
-@_over.defjvp
-def _over_jvp(primals, tangents):
-  (d, l), (t_d, t_l) = primals, tangents
-  u = d / l
-  return u, (t_d - u * t_l) / l
 
 
 def _strength_ok(l):
@@ -199,7 +186,7 @@ def _grad_topk_rows(x, l, k: int):
   near = jnp.abs(v) <= c
   top = v > c
   # where(near, d, 0): no 0 * inf in the derivatives of the clamped entries
-  u = jnp.where(near, _over(jnp.where(near, d, 0), l), jnp.where(top, c, -jnp.inf))
+  u = jnp.where(near, _quotient.quotient(jnp.where(near, d, 0), l), jnp.where(top, c, -jnp.inf))
   order = jnp.argsort(top, axis=-1, stable=True)
   u = jnp.take_along_axis(u, order, axis=-1)
   log_z, vjp = jax.vjp(lambda u: _log_esp(u, k, center=False), u)
@@ -333,7 +320,7 @@ def _iterative_logits(x, l, k: int):
   # lo keeps its derivative: the recursion is not invariant to shifts of u
   lo = jnp.min(jnp.where(keep, x, jnp.inf), axis=-1, keepdims=True)
   lo = jnp.where(lo < jnp.inf, lo, 0)
-  u = _over(jnp.where(keep, x, lo) - lo, l)
+  u = _quotient.quotient(jnp.where(keep, x, lo) - lo, l)
 
   def body(p, _):
     return p + jax.nn.softmax(jnp.where(keep, (1 - p) * u, -jnp.inf), axis=-1), None
@@ -351,7 +338,7 @@ def _iterative_weighted(x, l, k: int):
   d = x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
   v = jax.lax.stop_gradient(d / l)
   gone = v < math.log(float(jnp.finfo(x.dtype).smallest_subnormal))  # e = 0 (NaN stays)
-  e = jnp.where(gone, 0, jnp.exp(_over(jnp.where(gone, 0, d), l)))
+  e = jnp.where(gone, 0, jnp.exp(_quotient.quotient(jnp.where(gone, 0, d), l)))
 
   def body(carry, _):
     p, w = carry

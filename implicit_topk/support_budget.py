@@ -65,7 +65,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk import _budget_pieces, _deferred
+from implicit_topk import _budget_pieces, _deferred, _quotient
 from implicit_topk.kernels.cpu.kinds import PNORM
 from implicit_topk.problems import layout as _layout
 from implicit_topk.solvers import mask_tangent
@@ -148,7 +148,8 @@ def _mask(rows, shift, offset, strength, cut, mask, each):
   # above the cut, 0 at -inf) stay out of it: their z would make the strength's
   # derivative 0 * inf.
   finite = jnp.isfinite(rows)
-  z = (jnp.where(finite, rows, each(shift)) - each(shift)) / each(strength) - each(offset)
+  z = _quotient.quotient(jnp.where(finite, rows, each(shift)) - each(shift),
+                         each(strength)) - each(offset)
   # lambda' >= cut: the entries at or below the cut are 0 exactly (z may round to a
   # tiny positive value there: XLA divides through the reciprocal)
   y = jnp.where(rows > each(cut), jnp.where(finite, mask(z), 1.0), 0.0)

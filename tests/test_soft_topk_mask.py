@@ -324,3 +324,18 @@ def test_gradient_is_finite_with_infinite_entries():
   g = jax.grad(lambda x: jnp.sum(itk.soft_topk_mask(x, 2, regularization_strength=1.0, p=2.0) * jnp.arange(5.0)))(x)
   assert np.all(np.isfinite(g))
   assert g[0] == 0 and g[3] == 0
+
+
+def test_bfloat16_k_and_strength_arrays_are_taken():
+  """A concrete bfloat16 ``k`` or strength was a TypeError ("must be a real number"): NumPy
+  does not count bfloat16 as a number. Same result as the float32 values."""
+  x = jnp.asarray([0.3, -1.0, 2.0, 0.5], jnp.bfloat16)
+  expected = itk.soft_topk_mask(x, 1.5, regularization_strength=1.0)
+  np.testing.assert_array_equal(itk.soft_topk_mask(x, jnp.asarray(1.5, jnp.bfloat16)), expected)
+  np.testing.assert_array_equal(
+      itk.soft_topk_mask(x, 1.5, regularization_strength=jnp.asarray(1.0, jnp.bfloat16)), expected)
+  np.testing.assert_array_equal(
+      itk.soft_sort(x, regularization_strength=jnp.asarray(1.0, jnp.bfloat16)),
+      itk.soft_sort(x, regularization_strength=1.0))
+  with pytest.raises(TypeError, match="`k` must be a real number"):
+    itk.soft_topk_mask(x, jnp.asarray(1 + 2j))

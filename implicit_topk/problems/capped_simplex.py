@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from implicit_topk import _quotient
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
@@ -117,14 +118,15 @@ class CappedSimplex:
     z_limit = jnp.where(jnp.isinf(x), x, -lam)
     x_f, lam_f = jnp.where(limit, 0, x), jnp.where(limit, 0, lam)
     d = x_f - lam_f
-    z = d / l
+    z = _quotient.quotient(d, l)
     z0, z1 = self.regularizer.saturation
     if not (np.isfinite(z0) and np.isfinite(z1)):
       # A dense mask is not yet 0 or 1 where x - lam overflows (opposite signs near the
       # float maximum, l on their scale): there z = x / l - lam / l, as accurate since
       # |x| + |lam| = |x - lam|. (Not 0.5 x - 0.5 lam: XLA factors out a constant 2^k.)
       over = jnp.isinf(d)
-      z = jnp.where(over, jnp.where(over, x_f, 0) / l - jnp.where(over, lam_f, 0) / l, z)
+      z = jnp.where(over, _quotient.quotient(jnp.where(over, x_f, 0), l)
+                    - _quotient.quotient(jnp.where(over, lam_f, 0), l), z)
     # XLA may divide by `l` as a product with 1/l, which can leave z an ulp inside the
     # saturation interval although d = l z1 exactly (x = (2.671875, 1), l = 1.671875:
     # z = 0.9999999999999999, a mask of 1 - 1e-16 in the hard limit). Saturate from the

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from implicit_topk import _quotient
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
@@ -107,13 +108,15 @@ class Magnitude:
     or saturated), so the quotient is kept.
     """
     inside = (t > 0) & (t < jnp.inf)
-    safe = jnp.where(inside, t, jnp.ones_like(t))
+    # l where t is not inside: g(1) = 1, no overflow whose derivative (0 * inf) would
+    # make the masked-out cotangents NaN (t = 1 with l = 1e-20 gives 1e60 at p = 4/3)
+    safe = jnp.where(inside, t, jnp.broadcast_to(l, t.shape).astype(t.dtype))
     a = self.regularizer.exponent
     if a < 1:
       power = jnp.asarray(a, safe.dtype)
       value = jnp.power(safe, power) * jnp.power(l, -power)
     else:
-      value = self.regularizer.link(safe / l)
+      value = self.regularizer.link(_quotient.quotient(safe, l))
     return jnp.where(inside, value, jnp.where(t > 0, t, jnp.zeros_like(t)))
 
   def _h(self, u, l):
