@@ -197,7 +197,10 @@ def _sorted_argmax(values, ids, s, w, l, scale, regularizer):
   :math:`d_i = 0` exactly: their ``y`` never reads the rounding of :math:`u_B` (about
   the ulp of ``s``) divided by ``l``. :math:`t_B` is a closed form for ``p = 2`` and the
   entropy, safeguarded Newton steps (:func:`_block_roots`) for other ``p``; its
-  derivatives come from the implicit function theorem on the block conditions.
+  derivatives come from the implicit function theorem on the block conditions. For
+  ``p > 2`` ``d`` and ``t`` are taken in the units of ``s`` (not divided by ``l``) and the
+  link is :math:`g(v) / l^a`, ``a = 1/(p-1)``: :math:`v / l = y^{p-1}` can leave the float
+  range where ``y`` does not.
 
   The root ``t`` holds each block's value at the block's first position (0 elsewhere);
   the blocks are runs of consecutive positions, so spreading ``t`` over its block and
