@@ -241,10 +241,8 @@ def _sorted_argmax(values, ids, s, w, l, scale, regularizer):
   def offsets(s_, l_):  # d_i = (s_i - s_first) / l: exactly 0 for ties
     return s_ - spread(s_) if in_units_of_s else _quotient.quotient(s_ - spread(s_), l_)
 
-  def link(z, l_):  # g(z) / l^a: a quotient whose derivative in l forms no l^(-a-1)
-    if in_units_of_s:
-      return _quotient.quotient(regularizer.link(z), l_ ** jnp.asarray(regularizer.exponent, z.dtype))
-    return regularizer.link(z)
+  def link(z, l_):  # g(z / l) in the units of s, else g(z)
+    return regularizer.link_of_ratio(z, l_) if in_units_of_s else regularizer.link(z)
 
   def link_inverse(r, l_):  # of `link`: sign(r) |r|^(p-1), times l in the units of s
     root = jnp.sign(r) * jnp.abs(r) ** (1 / jnp.asarray(regularizer.exponent, r.dtype))

@@ -63,6 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from implicit_topk import _quotient
 from implicit_topk import _validation
 
 
@@ -209,6 +210,18 @@ class PNorm:
     nonzero = z != 0
     safe = jnp.where(nonzero, jnp.abs(z), 1.0)
     return jnp.where(nonzero, jnp.sign(z) * jnp.power(safe, jnp.asarray(a, z.dtype)), 0.0)
+
+  def link_of_ratio(self, v, l):
+    """``g(v / l)``, with the strength ``l > 0`` kept out of the power's argument where
+    it must be. For ``a < 1`` (``p > 2``) as ``g(v) / l^a``: ``v / l`` can leave the float
+    range where ``g`` of it does not (float32 ``v = 1e-19``, ``l = 1e19``), and, as a
+    :func:`~implicit_topk._quotient.quotient`, its derivative in ``l`` forms no
+    ``l^(-a-1)`` (flushed in float32 at ``l = 1e27``, ``a = 1/2``). For ``a >= 1``,
+    ``g(v / l)`` leaves the range with ``v / l`` (0 next to ``v``, or saturated)."""
+    a = self.exponent
+    if a < 1:
+      return _quotient.quotient(self.link(v), l ** jnp.asarray(a, jnp.result_type(v)))
+    return self.link(_quotient.quotient(v, l))
 
   def omega(self, y):
     return jnp.abs(y) ** self.p / self.p

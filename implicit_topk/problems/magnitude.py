@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_topk import _quotient
 from implicit_topk import regularizers as _regularizers
 from implicit_topk.kernels import isotonic_dykstra as _dykstra
 from implicit_topk.problems import layout as _layout
@@ -101,22 +100,14 @@ class Magnitude:
   def _link(self, t, l):
     """g(t / l) for 0 < t < inf, 0 for t = 0, inf for t = inf; finite derivatives.
 
-    For ``p > 2`` (``a = 1/(p-1) < 1``) as ``t^a l^-a``: ``t / l`` can leave the float
-    range (float32 ``t = 1e-19``, ``l = 1e19``) where ``g`` itself does not, while
-    ``t^a`` and ``l^-a`` stay inside it for every ``t`` and every allowed ``l``. For
-    ``p <= 2`` ``g(t / l)`` leaves the range with ``t / l`` (it is then 0 next to ``t``,
-    or saturated), so the quotient is kept.
+    For ``p > 2`` as ``t^a / l^a`` (:meth:`PNorm.link_of_ratio`): ``t / l`` can leave the
+    float range where ``g`` of it does not.
     """
     inside = (t > 0) & (t < jnp.inf)
     # l where t is not inside: g(1) = 1, no overflow whose derivative (0 * inf) would
     # make the masked-out cotangents NaN (t = 1 with l = 1e-20 gives 1e60 at p = 4/3)
     safe = jnp.where(inside, t, jnp.broadcast_to(l, t.shape).astype(t.dtype))
-    a = self.regularizer.exponent
-    if a < 1:
-      power = jnp.asarray(a, safe.dtype)
-      value = jnp.power(safe, power) * jnp.power(l, -power)
-    else:
-      value = self.regularizer.link(_quotient.quotient(safe, l))
+    value = self.regularizer.link_of_ratio(safe, l)
     return jnp.where(inside, value, jnp.where(t > 0, t, jnp.zeros_like(t)))
 
   def _h(self, u, l):
