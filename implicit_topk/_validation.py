@@ -185,6 +185,12 @@ def check_strength(l: Any, dtype: Any, name: str = "regularization_strength") ->
         f"as 0) for {jnp.dtype(dtype).name} input; got {shown(l)}.")
 
 
+def strength_in_range(l: jax.Array) -> jax.Array:
+  """``min_strength <= l < max_strength`` elementwise, for a traced ``l`` that was not
+  checked before the call: an operator makes its rows NaN where this is False."""
+  return (l >= min_strength(l.dtype)) & (l < max_strength(l.dtype))
+
+
 def min_strength(dtype: Any) -> float:
   """The smallest regularization strength ``l`` a dtype supports: the smallest normal
   number of its compute dtype (XLA on CPU and GPU reads a subnormal ``l`` as 0)."""

@@ -69,7 +69,17 @@ def _check_labels(labels: ArrayLike, logits: jax.Array) -> jax.Array:
   n = logits.shape[-1]
   if concrete is not None and concrete.size and not np.all((concrete >= 0) & (concrete < n)):
     raise ValueError(f"`labels` must lie in [0, {n}) (the number of classes); got {concrete!r}.")
+  if concrete is None:
+    # A traced label outside [0, n) reads index n, past the end, where every gather of
+    # the losses fills NaN (a negative one would wrap around to the last classes).
+    labels = jnp.where((labels >= 0) & (labels < n), labels, n)
   return labels
+
+
+def _nan_where(bad: jax.Array, loss: jax.Array) -> jax.Array:
+  """``loss`` with NaN value *and* NaN gradient in the rows where ``bad`` holds (a factor,
+  not a ``where``, whose gradient would be 0 there)."""
+  return loss * jnp.where(bad, jnp.nan, 1.0).astype(loss.dtype)
 
 
 def _check_p_k(p_k):
@@ -84,9 +94,10 @@ def _check_p_k(p_k):
 
 
 def _safe_log(v):
-  """log(v) for v >= 0 with -inf (not NaN) value *and* finite gradients at v = 0."""
+  """log(v) for v >= 0 with -inf (not NaN) value *and* finite gradients at v = 0; NaN
+  stays NaN (a mask of NaN, from a traced strength out of range, must not read as 0)."""
   positive = v > 0
-  return jnp.where(positive, jnp.log(jnp.where(positive, v, 1.0)), -jnp.inf)
+  return jnp.where(positive, jnp.log(jnp.where(positive, v, 1.0)), jnp.where(v == 0, -jnp.inf, jnp.nan))
 
 
 def _select_m(logits: jax.Array, labels: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
@@ -194,7 +205,10 @@ def topk_cross_entropy(
   strength on the scale of the spread of the logits or ``standardize=True``
   (``docs/guides/choosing.md``, "The top-k losses", measures both).
 
-  Non-finite inputs: a row with a ``+inf`` logit returns NaN (value and gradient).
+  Non-finite inputs: a row with a ``+inf`` or NaN logit returns NaN, in every
+  ``top1_mode``; its gradient is NaN too, except where the label's membership is exactly
+  0 without a softmax term (no gradient flows from such a row, see above). Under ``jit``
+  a traced strength out of range (see :func:`~implicit_topk.soft_topk_mask`) gives NaN.
 
   Where we differ from difftopk: the default operator is our sparse mask
   (``regularization_strength``, ``p``/``regularizer``, ``solver``); the membership for a sorting network is
@@ -206,7 +220,8 @@ def topk_cross_entropy(
 
   Args:
     logits: float array ``(..., n)`` (classes on the last axis).
-    labels: int array ``(...)`` of class indices.
+    labels: int array ``(...)`` of class indices in ``[0, n)`` (under ``jit``, a traced
+      label outside it, ``-1`` included, gives NaN).
     p_k: the distribution :math:`P_K`, a static sequence of ``K`` floats >= 0 summing to 1.
     m: ``None`` or an int with ``K < m < n``.
     method: ``"sparse"`` (default: :func:`~implicit_topk.soft_topk_mask`), ``"neuralsort"``,
@@ -306,6 +321,7 @@ def topk_cross_entropy(
     loss = -p_k[0] * log_sm + sum(p_k[1:]) * nll(log_rest)
   else:
     loss = nll(log_rest)
+  loss = _nan_where(jnp.any(logits == jnp.inf, axis=-1), loss)
   return _reduce(loss.astype(logits.dtype), reduction)
 
 
@@ -442,8 +458,10 @@ def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayL
     without ``axis``) with ``reduction="none"``, else a scalar.
 
   Raises:
-    ValueError: ``k`` outside ``[0, n]``, ``regularization_strength <= 0``, or a
-      concrete ``target_mask`` with a row outside :math:`C_k`.
+    ValueError: ``k`` outside ``[0, n]``, ``regularization_strength`` outside the range of
+      :func:`~implicit_topk.soft_topk_mask`, ``k``, ``regularization_strength`` or
+      ``target_mask`` of a shape that does not broadcast (to the batch shape, to
+      ``scores``' shape), or a concrete ``target_mask`` with a row outside :math:`C_k`.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -461,7 +479,18 @@ def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayL
   axis = _validation.canonicalize_axis(axis, scores.ndim)
   n = scores.shape[axis]
   _validation.check_k(k, n)
-  _validation.check_positive(l, "regularization_strength")
+  _validation.check_strength(l, scores.dtype)
+  batch = scores.shape[:axis] + scores.shape[axis + 1:]
+  for value, name in ((k, "k"), (l, "regularization_strength")):
+    _validation.check_broadcast(value, batch, name, "`scores`' shape without `axis`")
+  target_shape = np.shape(target_mask)
+  try:
+    fits = jnp.broadcast_shapes(target_shape, scores.shape) == scores.shape
+  except ValueError:
+    fits = False
+  if not fits:
+    raise ValueError(f"`target_mask` must broadcast to the shape of `scores` {scores.shape}; "
+                     f"got shape {target_shape}.")
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
   reg = regularizers.resolve(regularizer, p)
   dtype = _validation.compute_dtype(scores.dtype)
@@ -476,12 +505,12 @@ def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayL
                      f"{_validation.shown(sums)}.")
   k = jnp.asarray(k, dtype)
   l = jnp.asarray(l, dtype)
-  batch = theta.shape[:-1]
+  batch = theta.shape[:-1]  # (k and l broadcast to it once the axis is moved last)
   loss = _fy_loss(reg, solver)(theta, target, jnp.broadcast_to(jax.lax.stop_gradient(k), batch),
                                jnp.broadcast_to(l, batch))
   # A traced target outside C_k: NaN loss and gradient (a factor, so that the gradient is
   # NaN too), never a meaningless number.
-  loss = loss * jnp.where(in_set, 1.0, jnp.nan).astype(loss.dtype)
+  loss = _nan_where(~in_set, loss)
   return _reduce(loss.astype(scores.dtype), reduction)
 
 
@@ -591,7 +620,8 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
 
   Args:
     scores: float array ``(..., n)`` (classes on the last axis).
-    labels: int array ``(...)`` of class indices in ``[0, n)``.
+    labels: int array ``(...)`` of class indices in ``[0, n)`` (under ``jit``, a traced
+      label outside it, ``-1`` included, gives NaN).
     k: a Python int, ``1 <= k < n`` (positional or keyword).
     tau: temperature (default 1.0), a scalar or an array broadcastable to the batch
       shape ``scores.shape[:-1]`` (one per example), with ``tiny <= tau < 1 / tiny``
@@ -602,7 +632,7 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
     alpha: the margin (default 1.0), finite, a scalar or an array broadcastable to the
       batch shape.
     mode: ``"smooth"`` (default) or ``"smooth_hard"``.
-    thresh: the switch of ``"smooth_hard"`` (default 1e3, difftopk's).
+    thresh: the switch of ``"smooth_hard"``, ``1 < thresh <= inf`` (default 1e3, difftopk's).
     reduction: ``"none"`` (default: one loss per example), ``"mean"`` (difftopk's) or
       ``"sum"``.
 
@@ -614,14 +644,14 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
     TypeError: a non-integer ``k`` or ``labels``.
     ValueError: ``k`` outside ``[1, n)``, ``tau`` outside ``[tiny, 1 / tiny)``, a
       non-finite ``alpha``, a ``tau`` or ``alpha`` whose shape does not broadcast to
-      the batch shape, or labels out of range.
+      the batch shape, ``thresh <= 1``, or labels out of range.
 
   Non-finite inputs: ``-inf`` scores of classes other than the label drop out (the
   loss of the row without them) while at least ``k`` other classes stay finite (with
   ``k - 1`` the loss is 0, with fewer NaN); a ``-inf`` label score gives ``+inf``, a
-  ``+inf`` label score 0. A row with a ``+inf`` score of another class returns NaN (value and
-  gradient), as does a row with a NaN score. Under ``jit`` a traced ``tau`` is not
-  checked: a subnormal or zero one gives NaN.
+  ``+inf`` label score 0. A row with a ``+inf`` score of another class returns NaN, for every
+  ``k``, with NaN in its gradient, as does a row with a NaN score. Under ``jit`` a traced ``tau`` is not
+  checked: one outside ``[tiny, 1 / tiny)`` (zero, subnormal or negative) gives NaN.
 
   Example:
     >>> import jax.numpy as jnp
@@ -643,11 +673,17 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
     raise ValueError(f"`alpha` must be finite; got {_validation.shown(alpha)}.")
   _validation.check_choice(mode, "mode", ("smooth", "smooth_hard"))
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
+  try:
+    thresh = float(thresh)
+  except (TypeError, ValueError):
+    raise TypeError(f"`thresh` must be a real number > 1; got {_validation.shown(thresh)}.") from None
+  if not thresh > 1:  # log(thresh) > 0: the gap below which the smooth loss is kept
+    raise ValueError(f"`thresh` must satisfy 1 < thresh <= inf; got {_validation.shown(thresh)}.")
   dtype = _validation.compute_dtype(scores.dtype)
   loss = _smooth_topk_svm(scores.astype(dtype), labels,
                           jnp.broadcast_to(jnp.asarray(tau, dtype), batch),
                           jnp.broadcast_to(jnp.asarray(alpha, dtype), batch),
-                          k=int(k), mode=mode, thresh=float(thresh))
+                          k=int(k), mode=mode, thresh=thresh)
   return _reduce(loss.astype(scores.dtype), reduction)
 
 
@@ -673,8 +709,11 @@ def _smooth_topk_svm(s, labels, tau, alpha, *, k, mode, thresh):
     with_label = e_km1 + s_label / k
     return _soft_max(e_k + alpha - with_label, jnp.zeros_like(with_label), tau)
 
+  # NaN for a traced tau out of range, and for a +inf score of another class (k = 1 would
+  # give +inf, k > 1 inf - inf): one rule for every k.
+  bad = ~_validation.strength_in_range(tau) | jnp.any((s == jnp.inf) & ~is_label, axis=-1)
   if mode == "smooth":
-    return smooth(tau)
+    return _nan_where(bad, smooth(tau))
 
   others = jnp.where(is_label, _log_zero(dtype, k), s)
   top_plus, _ = jax.lax.top_k(others + alpha[..., None], k)
@@ -686,7 +725,8 @@ def _smooth_topk_svm(s, labels, tau, alpha, *, k, mode, thresh):
   use_hard = top_all[..., k - 1] - top_all[..., k] >= k * tau * math.log(thresh)
   # Rows that take the hard loss evaluate the smooth one at tau = 1 (unused): nothing
   # from the unused branch, NaN included, reaches the value or the gradient.
-  return jnp.where(use_hard, hard_loss, smooth(jnp.where(use_hard, jnp.ones_like(tau), tau)))
+  loss = jnp.where(use_hard, hard_loss, smooth(jnp.where(use_hard, jnp.ones_like(tau), tau)))
+  return _nan_where(bad, loss)
 
 
 @_apply.explicit_axes_as_auto
@@ -712,7 +752,8 @@ def soft_error_loss(logits: ArrayLike, labels: ArrayLike, *,
 
   Args:
     logits: float array ``(..., n)`` (classes on the last axis).
-    labels: int array ``(...)`` of class indices in ``[0, n)``.
+    labels: int array ``(...)`` of class indices in ``[0, n)`` (under ``jit``, a traced
+      label outside it, ``-1`` included, gives NaN).
     regularization_strength: :math:`l > 0` of :func:`~implicit_topk.soft_rank` (default 1.0).
     p, regularizer: as in :func:`~implicit_topk.soft_rank` (default ``p = 2``).
     reduction: ``"none"`` (default: one loss per example), ``"mean"`` or ``"sum"``.

@@ -85,19 +85,14 @@ def _on_last_axis(fn: Callable, x: ArrayLike, k: Any, l: Any, axis: int, op: str
   _validation.check_strength(l, x.dtype)
   _validation.check_broadcast(l, x.shape[:axis] + x.shape[axis + 1:], "regularization_strength")
   k = _check_static_k(k, x.shape[axis], op)
+  if x.shape[axis] == 0:  # rows of no entries (k = 0): nothing to select
+    return jnp.zeros_like(x)
 
   def on_rows(rows):
     l_rows = jnp.asarray(l, rows.dtype)
     return fn(rows, jnp.expand_dims(l_rows, -1) if l_rows.ndim else l_rows, k)
 
   return _apply.apply_on_axis(on_rows, x, axis)
-
-
-def _strength_ok(l):
-  """``min_strength <= l < max_strength`` (the checked range; a traced ``l`` is not checked
-  before the call, so a strength outside it makes the row NaN instead)."""
-  return ((l >= _validation.min_strength(l.dtype))
-          & (l < _validation.max_strength(l.dtype)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -193,7 +188,7 @@ def _grad_topk_rows(x, l, k: int):
   (y,) = vjp(jnp.ones_like(log_z))
   y = jnp.take_along_axis(y, jnp.argsort(order, axis=-1), axis=-1)
   bad = (~jnp.isfinite(log_z) | jnp.any(jnp.isnan(x) | (x == jnp.inf), axis=-1))[..., None]
-  return jnp.where(bad | ~_strength_ok(l), jnp.nan, y)
+  return jnp.where(bad | ~_validation.strength_in_range(l), jnp.nan, y)
 
 
 @_apply.explicit_axes_as_auto
@@ -326,7 +321,7 @@ def _iterative_logits(x, l, k: int):
     return p + jax.nn.softmax(jnp.where(keep, (1 - p) * u, -jnp.inf), axis=-1), None
 
   p, _ = jax.lax.scan(body, jnp.zeros_like(x), None, length=k)
-  return jnp.where(_strength_ok(l), p, jnp.nan)
+  return jnp.where(_validation.strength_in_range(l), p, jnp.nan)
 
 
 def _iterative_weighted(x, l, k: int):
@@ -347,7 +342,7 @@ def _iterative_weighted(x, l, k: int):
     return (p + v / z, w * (_leave_one_out_sum(v) - p * e) / z), None
 
   (p, _), _ = jax.lax.scan(body, (jnp.zeros_like(x), jnp.ones_like(x)), None, length=k)
-  return jnp.where(_strength_ok(l), p, jnp.nan)
+  return jnp.where(_validation.strength_in_range(l), p, jnp.nan)
 
 
 _VARIANTS = {"logits": jax.jit(_iterative_logits, static_argnums=2),

@@ -135,6 +135,29 @@ def test_traced_bad_l_or_k_give_nan():
     assert np.all(np.isnan(np.asarray(jax.jit(lambda k: itk.soft_topk_mask(x, k, regularization_strength=0.1))(k))))
 
 
+TRACED_STRENGTH_OPERATORS = {
+    "mask": lambda x, l, s: itk.soft_topk_mask(x, 2.5, regularization_strength=l, solver=s),
+    "mask_entropy": lambda x, l, s: itk.soft_topk_mask(x, 2.5, regularization_strength=l, solver=s,
+                                                       regularizer="entropy"),
+    "mask_budget": lambda x, l, s: itk.soft_topk_mask(x, 2.5, regularization_strength=l, solver=s,
+                                                      max_support=4),
+    "magnitude": lambda x, l, s: itk.soft_topk_mag(x, 2.5, regularization_strength=l, solver=s),
+}
+
+
+@pytest.mark.parametrize("solver", ["auto", "threshold", "pav"])
+@pytest.mark.parametrize("name", sorted(TRACED_STRENGTH_OPERATORS))
+def test_traced_strength_beyond_the_compute_dtype_gives_nan(name, solver):
+  """A float64 strength beside float32 rows is valid as float64 but subnormal (1e-40,
+  1e-45) or beyond max_strength (1e39) once cast: NaN, not the hard mask (which the
+  solvers gave for 1e-40 and 1e-45, summing to 2 or 3 instead of 2.5)."""
+  x = jnp.asarray([0.3, -1.2, 2.0, 0.1, 0.7, -0.4], jnp.float32)
+  op = jax.jit(lambda l: TRACED_STRENGTH_OPERATORS[name](x, l, solver))
+  for l in (1e-45, 1e-40, 1e39):
+    assert np.all(np.isnan(np.asarray(op(jnp.float64(l))))), (l, op(jnp.float64(l)))
+  assert np.all(np.isfinite(np.asarray(op(jnp.float64(0.3)))))
+
+
 # -- errors name the argument -----------------------------------------------------------
 @pytest.mark.parametrize("call, error, match", [
     (lambda: itk.soft_topk_mask(jnp.ones((3, 5)), jnp.ones((3, 1))), ValueError, "`k` must be a scalar or broadcast"),
