@@ -220,7 +220,7 @@ def iterate(values, n, width, a, tol, state, iterating, work):
       work[i] = values[i, r]
     state[LAM, r], state[PASSES, r] = _newton(
         work, n, state[_K, r], state[_L, r], PNORM, a, state[_LO, r], state[_HI, r],
-        state[LAM, r], tol, state[_PREV, r], int(state[PASSES, r]))
+        state[LAM, r], tol, state[_PREV, r], int(state[PASSES, r]), state[_L, r])
   # each lane's smallest entry above its threshold (inf where none; the padding is
   # -inf): the candidate of native_threshold.snap_candidate, for the caller's snap
   nearest, lam = state[NEAREST], state[LAM]
@@ -363,5 +363,5 @@ def _step(r, tol, state):
   state[PASSES, r] = it + 1
   done, lam, state[_LO, r], state[_HI, r], state[_PREV, r] = _safeguarded_step(
       phi, dphi, state[_STEP, r], state[LAM, r], state[_LO, r], state[_HI, r],
-      state[_PREV, r], it, tol, math.sqrt(tol) * (state[_K, r] + 1.0))
+      state[_PREV, r], it, tol, math.sqrt(tol) * (state[_K, r] + 1.0), state[_L, r])
   return lam, done

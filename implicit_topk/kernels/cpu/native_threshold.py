@@ -38,8 +38,10 @@ the input dtype: the Newton or Schroeder step when it stays inside the bracket a
 most halves the last step, else bisection (for p = 4/3 the step is refined to the
 root of the cubic phi is on at the current piece, :func:`refined_step`, so that a row
 whose root lies on the piece of its first point takes two passes); it stops at
-:math:`\phi = 0`, a step below 4 ulps of :math:`\lambda` with :math:`|\phi|` at
-rounding level, or a collapsed bracket. Rows with NaN, with no finite threshold, or with
+:math:`\phi = 0`, a step below 4 ulps (of the output dtype) of the smaller of
+:math:`|\lambda|` and :math:`l` with :math:`|\phi|` at rounding level, or a collapsed
+bracket, never below 4 float64 ulps of :math:`\lambda` (so float32 rows with
+:math:`l \ll |\lambda|` are solved as exactly as in float64). Rows with NaN, with no finite threshold, or with
 ``k`` at 0 or at the count of entries are left to the caller (the problem's
 ``bracket`` answers them).
 
@@ -325,17 +327,26 @@ def _piece_refinement(s, phi, dphi, d2phi, sixth):
 
 
 @njit(inline="always", **_OPTIONS)
-def _safeguarded_step(phi, dphi, step, lam, lo, hi, prev_step, it, tol, phi_tol):
+def _safeguarded_step(phi, dphi, step, lam, lo, hi, prev_step, it, tol, phi_tol, reach):
   """One step of :func:`_newton` at ``lam`` (pass ``it``) from phi, phi' and the
   proposed ``step`` (:func:`newton_step`) there: (done, the next lam, the bracket, the
-  last step)."""
+  last step).
+
+  Steps and brackets count as converged below ``tol`` times the smaller of ``|lam|``
+  and ``reach`` (the distance in lam over which the output moves by O(1): the strength
+  for the mask, whose entries depend on ``(x_i - lam) / l``), but never below 4 ulps of
+  ``lam`` in float64. For float32 rows with ``l`` far below ``|lam|`` (nearly hard) the
+  threshold so ends within a few float64 ulps instead of a few float32 ulps of
+  ``|lam|``, each of which moved a fractional entry by ``ulp / l``: float32, ``l =
+  1e-6``, entries of order 1 stopped three such steps from the root (a mask summing to
+  2.08 for ``k = 2.5``)."""
   if phi == 0.0:
     return True, lam, lo, hi, prev_step
   if phi > 0.0:
     lo = lam
   else:
     hi = lam
-  scale = tol * (abs(lam) + 1e-300)
+  scale = max(tol * min(abs(lam), reach), 4.0 * _EPS64 * abs(lam)) + tol * 1e-300
   if dphi < 0.0:
     if abs(step) <= scale and abs(phi) <= phi_tol:
       return True, lam - step, lo, hi, prev_step
@@ -350,10 +361,13 @@ def _safeguarded_step(phi, dphi, step, lam, lo, hi, prev_step, it, tol, phi_tol)
 
 
 @njit(**_OPTIONS)
-def _newton(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step=np.nan, first=0):
+def _newton(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step=np.nan, first=0,
+            reach=np.inf):
   """Safeguarded Newton/Schroeder on phi over values[:count] in [lo, hi] from lam.
 
-  ``tol`` is the relative step tolerance (4 ulps of the output dtype). Returns
+  ``tol`` is the relative step tolerance (4 ulps of the output dtype), relative to the
+  smaller of ``|lam|`` and ``reach`` (:func:`_safeguarded_step`; the mask passes its
+  strength, the top-k in magnitude none). Returns
   (lam, passes). ``prev_step`` and ``first`` resume an iteration at its pass ``first``
   (:mod:`~implicit_topk.kernels.cpu.native_lanes` hands over its slowest rows so);
   a fresh one starts at pass 0 with the last step taken as twice the bracket.
@@ -366,11 +380,12 @@ def _newton(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step=np.na
   return _newton_iteration(values, np.int64(count), np.float64(target), np.float64(l),
                            np.int64(kind), np.float64(a), np.float64(lo), np.float64(hi),
                            np.float64(lam), np.float64(tol), np.float64(prev_step),
-                           np.int64(first))
+                           np.int64(first), np.float64(reach))
 
 
 @njit(**_OPTIONS)
-def _newton_iteration(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step, first):
+def _newton_iteration(values, count, target, l, kind, a, lo, hi, lam, tol, prev_step, first,
+                      reach):
   """:func:`_newton` with every scalar float64 or int64."""
   if prev_step != prev_step:
     prev_step = 2.0 * (hi - lo)
@@ -380,7 +395,7 @@ def _newton_iteration(values, count, target, l, kind, a, lo, hi, lam, tol, prev_
     phi, dphi = terms[0], terms[1]
     step = newton_step(phi, dphi, terms[2], third_term(terms))
     done, lam, lo, hi, prev_step = _safeguarded_step(phi, dphi, step, lam, lo, hi,
-                                                     prev_step, it, tol, phi_tol)
+                                                     prev_step, it, tol, phi_tol, reach)
     if done:
       return lam, it + 1
   return lam, _MAXITER
@@ -721,7 +736,7 @@ def _sparse_row(row, n, k, l, a, tol, origin, finite, top, work, scratch, guess)
       row, n, k, l, a, origin, finite, top, work, scratch, guess)
   if solved:
     return lam, 0, _shift_may_hide_binary(lo, hi, k_f, origin)
-  lam, passes = _newton(work, count, k_f, l, PNORM, a, lo, hi, start, tol)
+  lam, passes = _newton(work, count, k_f, l, PNORM, a, lo, hi, start, tol, reach=l)
   return lam, passes, _shift_may_hide_binary(lo, hi, k_f, origin)
 
 
@@ -825,7 +840,7 @@ def _dense_row(row, n, k, l, kind, a, tol, origin, work):
   # clamped to it, as the pure-JAX solver does: bisection never leaves an infinite end.
   lo = max(x_min - (0.0 if kind == ENTROPY else shift), _LOWEST)
   hi = min(x_max - shift, -_LOWEST)
-  return _newton(work, count, k_f, l, kind, a, lo, hi, _midpoint(lo, hi), tol)
+  return _newton(work, count, k_f, l, kind, a, lo, hi, _midpoint(lo, hi), tol, reach=l)
 
 
 @njit(inline="always", **_OPTIONS)
@@ -1050,10 +1065,10 @@ def _small_k_row(row, n, k, l, a, tol, root_eps, work, limit=np.inf):
     return True, _midpoint(hi, lo), 0, gap
   start = lo + min(max(0.5 ** a, 0.1), 0.9) * (hi - lo)
   if not gather:
-    lam, passes = _newton(row, n, k, l, PNORM, a, lo, hi, start, tol)
+    lam, passes = _newton(row, n, k, l, PNORM, a, lo, hi, start, tol, reach=l)
     return True, lam, passes, gap
   count = _count_above(work, count, lo)
-  lam, passes = _newton(work, count, k, l, PNORM, a, lo, hi, start, tol)
+  lam, passes = _newton(work, count, k, l, PNORM, a, lo, hi, start, tol, reach=l)
   return True, lam, passes, gap
 
 
@@ -1157,7 +1172,7 @@ def _first_row_attempt(row, n, kb, lb, a, tol, root_eps, work, scratch, guess, o
                                                          a, m, j)
   passes = 0
   if not solved:
-    lam, passes = _newton(work, count, k_f, lb, PNORM, a, lo, hi, start, tol)
+    lam, passes = _newton(work, count, k_f, lb, PNORM, a, lo, hi, start, tol, reach=lb)
   total = _write_mask(row, n, lam, lb, PNORM, a, 0.0, True, out)
   return True, lam, passes, abs(total - kb)
 
