@@ -2,8 +2,11 @@
 
 Both use ``jax.lax.top_k`` and a scatter: O(n log k) time, O(n) memory, no one-hot
 matrices. Ties are broken by index: among equal values the lower index is selected
-(``lax.top_k``'s order). NaN compares larger than every number in ``lax.top_k``, so a
-NaN entry is selected first.
+(``lax.top_k``'s order). In ``lax.top_k``'s total order a NaN with its sign bit clear
+(``jnp.nan``, ``0 / 0`` in Python) is larger than every number and is selected first;
+one with its sign bit set (what ``inf - inf`` and ``0 * inf`` give on x86 CPUs) is
+smaller than every number and is selected last. ``hard_topk_mag`` ranks ``|x|``, so
+every NaN is selected first there.
 """
 
 from __future__ import annotations

@@ -55,7 +55,11 @@ to ``x`` (through the sort), to ``w`` and to ``l``.
 
 ``regularization_strength`` is the ``regularization_strength`` of fast-soft-sort (the
 authors' code) and torchsort (its PyTorch port), identical for ``p = 2`` (their
-``"l2"``; ``regularizer="entropy"`` is their ``"kl"``). SoftJAX's ``softness`` (with
+``"l2"``; for ranks ``regularizer="entropy"`` is their ``"kl"``, for sorting it is not:
+fast-soft-sort's and torchsort's ``"kl"`` soft sort is another operator, the same program in
+log space, which takes values of any sign: ``-log(soft_sort(exp(min(x) - x),
+descending=True, regularizer="entropy")) + min(x)``, checked against torchsort 0.1.10 to
+1e-15; the two agree as the strength goes to 0). SoftJAX's ``softness`` (with
 ``method="fast_soft_sort"``, ``mode="c0"``, ``standardize=False``) maps as
 ``regularization_strength = softness / (n - 1)`` for ranks and
 ``regularization_strength = (n - 1) * softness`` for sorting. ott-jax's ``epsilon``
@@ -403,7 +407,7 @@ def permutahedron_argmax(x: ArrayLike, w: ArrayLike, *,
       ignored when ``regularizer`` is given.
     regularizer: ``None`` (the p-norm), ``"entropy"`` or an
       :class:`~implicit_topk.regularizers.Entropy` (then :math:`y > 0`, so ``w`` must be
-      positive; fast-soft-sort's ``"kl"``), or a
+      positive; fast-soft-sort's ``"kl"`` for ranks, see :func:`soft_sort` for sorting), or a
       :class:`~implicit_topk.regularizers.PNorm`.
     axis: the axis of the vectors (default -1).
     solver: ``"auto"`` (default: ``"pav_jax"`` on every backend), ``"pav_jax"`` (pure
@@ -529,8 +533,12 @@ def soft_sort(x: ArrayLike, k: int | None = None, *,
   entry tends to the row mean. O(n log n) per row.
 
   Equivalences: ``regularization_strength`` is fast-soft-sort's and torchsort's
-  ``regularization_strength`` (identical for ``p=2``, their ``"l2"``;
-  ``regularizer="entropy"`` is their ``"kl"``, positive values only). SoftJAX's
+  ``regularization_strength`` (identical for ``p=2``, their ``"l2"``).
+  ``regularizer="entropy"`` (positive values only) is the negentropy-regularized program
+  above; fast-soft-sort's and torchsort's ``"kl"`` soft sort is another operator, the same
+  program in log space, which takes values of any sign: ``-log(soft_sort(exp(min(x) - x),
+  descending=True, regularizer="entropy")) + min(x)``, checked against torchsort 0.1.10 to
+  1e-15; the two agree as the strength goes to 0. SoftJAX's
   ``sort(x, softness=s, method="fast_soft_sort", mode="c0", standardize=False)`` is
   ``soft_sort(x, regularization_strength=(n - 1) * s)``. With ``k``, the ``k`` largest
   soft-sorted values, in the order of ott-jax's ``soft_sort.sort(x, topk=k)``

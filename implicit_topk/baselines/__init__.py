@@ -28,6 +28,7 @@ The functions, their methods and their cost per row of length ``n``:
   permutation matrix above.
 """
 
+import numbers
 from collections.abc import Sequence
 
 import jax
@@ -67,6 +68,13 @@ def memberships_from_permutation(perm: ArrayLike, ks: Sequence[int]) -> jax.Arra
   """
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
+  if jnp.ndim(perm) < 2:
+    raise ValueError(f"`perm` must have shape batch + (r, n); got shape {jnp.shape(perm)}.")
+  ranks = jnp.shape(perm)[-2]
+  if not all(isinstance(k, numbers.Integral) and not isinstance(k, bool) and 1 <= k <= ranks
+             for k in ks):
+    raise ValueError(f"`ks` must hold Python ints with 1 <= k <= r = {ranks} (the rows of "
+                     f"`perm`); got {tuple(ks)!r}.")
   cum = jnp.cumsum(perm, axis=-2)
   return jnp.take(cum, jnp.asarray(ks) - 1, axis=-2)
 

@@ -36,7 +36,7 @@ def neuralsort(x: ArrayLike, *, tau: ArrayLike = 1.0, axis: int = -1) -> jax.Arr
   hard permutation. Cost: :math:`O(n^2)` time and memory (the matrix itself).
 
   Args:
-    x: real array (integers are converted to float); sorted along ``axis``.
+    x: float array (float16, bfloat16, float32 or float64); sorted along ``axis``.
     tau: temperature, > 0 (default 1.0). Smaller is closer to the hard permutation.
     axis: the axis to sort (default -1, the last).
 
@@ -82,10 +82,12 @@ def softsort(x: ArrayLike, *, tau: ArrayLike = 1.0, power: float = 1.0,
   for the matrix.
 
   Args:
-    x: real array (integers are converted to float); sorted along ``axis``.
+    x: float array (float16, bfloat16, float32 or float64); sorted along ``axis``.
     tau: temperature, > 0 (default 1.0). Smaller is closer to the hard permutation.
     power: the exponent of the distance (``pow`` in the paper and difftopk), > 0
-      (default 1.0).
+      (default 1.0). Below 1, :math:`|d|^{\mathrm{power}}` has an infinite slope at
+      :math:`d = 0`, which every row meets (the entry at its own rank); that zero
+      distance gets the derivative 0 there (a subgradient), not NaN.
     axis: the axis to sort (default -1, the last).
 
   Returns:
@@ -109,6 +111,7 @@ def softsort(x: ArrayLike, *, tau: ArrayLike = 1.0, power: float = 1.0,
   s = jnp.moveaxis(x, axis, -1)
   s_sorted = -jnp.sort(-s, axis=-1)  # descending
   diff = jnp.abs(s[..., None, :] - s_sorted[..., :, None])
-  if power != 1.0:
-    diff = diff ** power
+  if power != 1.0:  # 0 ** power with the derivative 0 (power < 1: infinite, and NaN below)
+    positive = diff > 0
+    diff = jnp.where(positive, jnp.where(positive, diff, 1.0) ** power, 0.0)
   return jax.nn.softmax(-diff / tau, axis=-1)

@@ -45,7 +45,7 @@ def perturbed_topk_memberships(x: ArrayLike, ks: Sequence[int], *, sigma: ArrayL
   (Berthet et al., Prop. 3.1). The same draws serve every ``k``.
 
   Args:
-    x: real array (integers are converted to float).
+    x: float array (float16, bfloat16, float32 or float64).
     ks: a sequence of ints, each 1 <= k <= n.
     sigma: noise scale, > 0 (default 0.1).
     num_samples: Monte Carlo draws ``S``, an int >= 1 (default 100); the value and the
@@ -90,7 +90,9 @@ def perturbed_topk_memberships(x: ArrayLike, ks: Sequence[int], *, sigma: ArrayL
   # A surrogate whose derivative is the estimator E[hard Z^T] / sigma and whose value is 0.
   proj = jnp.sum(z * s, axis=-1)[..., None, None] / sigma  # (S, ..., 1, 1)
   surrogate = jnp.mean(hard * proj, axis=0)
-  return value + surrogate - jax.lax.stop_gradient(surrogate)
+  # (surrogate - stop(surrogate)) is exactly 0: added to value after the subtraction, the
+  # surrogate's size (sum(z x) / sigma, 1e11 at x ~ 1e10) never rounds value away.
+  return value + (surrogate - jax.lax.stop_gradient(surrogate))
 
 
 def perturbed_topk_mask(x: ArrayLike, k: int, *, sigma: ArrayLike = 0.1, num_samples: int = 100,
@@ -105,7 +107,7 @@ def perturbed_topk_mask(x: ArrayLike, k: int, *, sigma: ArrayLike = 0.1, num_sam
   Cost: :math:`O(S\, n \log n)` time and :math:`O(S n)` memory for ``S = num_samples``.
 
   Args:
-    x: real array (integers are converted to float).
+    x: float array (float16, bfloat16, float32 or float64).
     k: number of entries to select, an int, 1 <= k <= n.
     sigma: noise scale, > 0 (default 0.1).
     num_samples: Monte Carlo draws, an int >= 1 (default 100).

@@ -219,7 +219,7 @@ def sorting_network(x: ArrayLike, *, network: str = "odd_even", steepness: Array
   rows of the full matrix.
 
   Args:
-    x: real array (integers are converted to float); sorted along ``axis``, whose size
+    x: float array (float16, bfloat16, float32 or float64); sorted along ``axis``, whose size
       ``n`` must be >= 2.
     network: ``"odd_even"`` (default, ``L = n`` layers) or ``"bitonic"``
       (``L = log2(N) (log2(N) + 1) / 2``, ``N`` the next power of 2).
