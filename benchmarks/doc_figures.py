@@ -253,11 +253,13 @@ def torchsort_table(results) -> str:
     key = (r["batch"], r["n"])
     if r["operator"] in ("soft_sort", "soft_rank") and r["contender"] == "implicit_topk" and key not in shapes:
       shapes.append(key)
-  lines = ["| operator | batch x n | `implicit_topk` | torchsort, 1 thread | torchsort, default threads |",
-           "|---|---|---:|---:|---:|"]
+  lines = ["| operator | batch x n | `implicit_topk` (default) | `implicit_topk`, `solver=\"pav\"` "
+           "| torchsort, 1 thread | torchsort, default threads |",
+           "|---|---|---:|---:|---:|---:|"]
   for batch, n in shapes:
     for op in ("soft_sort", "soft_rank"):
-      cells = [by.get((op, c, batch, n)) for c in ("implicit_topk", "torchsort 1 thread", "torchsort")]
+      cells = [by.get((op, c, batch, n))
+               for c in ("implicit_topk", "implicit_topk pav", "torchsort 1 thread", "torchsort")]
       if cells[0] is None:
         continue
       text = [f"{c['seconds'] * 1e3:.2f} ms" if c and c.get("seconds") else (c or {}).get("status", "—")
