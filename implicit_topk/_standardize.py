@@ -21,23 +21,33 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from implicit_topk import _quotient
+
 
 def row_spread(layout: Any, rows: Any, valid: Any = None) -> Any:
   r"""The standard deviation :math:`s` of each row's finite (and ``valid``) entries,
   with the layout's row shape; 1 where it is 0 or undefined.
 
-  Computed on the entries divided by the row's largest finite :math:`|x_i|`, so that
-  no square overflows for entries up to the float maximum: :math:`s = a \sqrt{\tfrac1m \sum_i (x_i / a - \mu)^2}` with
-  :math:`a = \max_i |x_i|`, :math:`\mu = \tfrac1m \sum_i x_i / a`, two passes.
+  A row is constant (:math:`s = 1`) exactly when its largest and smallest such entries
+  are equal: a test on the computed variance is not exact, as the mean of equal entries
+  rounds and XLA contracts the centring into fused multiply-adds (``[3, 3, 3, 3]`` had
+  a variance of 1e-33 under ``jit``, hence a spread of 1e-16 and derivatives of 1e15).
+
+  Computed on the entries times :math:`c = 2^{-e}`, :math:`2^{e-1} \le \max_i |x_i| <
+  2^e` (exact, so no square overflows for entries up to the float maximum), with
+  :math:`e` at most the largest exponent whose :math:`2^{-e}` is a normal float (a
+  division by the largest entry itself became a product with its reciprocal, subnormal
+  and flushed to 0 from :math:`2^{126}` in float32, making every such row constant):
+  :math:`s = 2^{e} \sqrt{	frac1m \sum_i (c x_i - \mu)^2}`, :math:`\mu = 	frac1m \sum_i
+  c x_i`, two passes.
 
   Derivatives, exact at every order, with a reverse pass that is elementwise per row (no
-  reduction through the scale or the mean): :math:`s` is the same for every scale :math:`a > 0`, so
-  :math:`a` is held constant (``stop_gradient``); and the variance is formed as
-  :math:`\tfrac1m \sum_i (z_i - \bar\mu)^2 - (\mu - \bar\mu)^2`, an identity for any
-  constant :math:`\bar\mu`, taken as :math:`\mu` held constant: the same value, and the
-  derivative through :math:`\mu` of the first term, zero at :math:`\bar\mu = \mu`, is
-  never formed (autodiff of the plain formula spent more than the soft top-k itself on
-  it, at 16384 rows of 8).
+  reduction through the scale or the mean): :math:`c` is a constant; and the variance
+  is formed as :math:`	frac1m \sum_i (z_i - ar\mu)^2 - (\mu - ar\mu)^2`, an identity
+  for any constant :math:`ar\mu`, taken as :math:`\mu` held constant: the same value,
+  and the derivative through :math:`\mu` of the first term, zero at :math:`ar\mu =
+  \mu`, is never formed (autodiff of the plain formula spent more than the soft top-k
+  itself on it, at 16384 rows of 8).
   """
   dtype = layout.dtype(rows)
   keep = layout.map(lambda v: jnp.isfinite(v), rows)
@@ -45,16 +55,33 @@ def row_spread(layout: Any, rows: Any, valid: Any = None) -> Any:
     keep = layout.map(jnp.logical_and, keep, valid)
   finite = layout.map(lambda v, f: jnp.where(f, v, 0).astype(dtype), rows, keep)
   count = jnp.maximum(layout.count(keep, dtype), 1)
-  largest = layout.max(layout.map(jnp.abs, finite))
-  largest = jax.lax.stop_gradient(jnp.where(largest > 0, largest, 1))
-  scaled = layout.map(lambda v, a: v / a, finite, layout.expand(largest, rows))
+  highest = layout.max(layout.map(lambda v, f: jnp.where(f, v, -jnp.inf), rows, keep))
+  lowest = layout.min(layout.map(lambda v, f: jnp.where(f, v, jnp.inf), rows, keep))
+  varies = jax.lax.stop_gradient(highest > lowest)  # (False without two distinct entries)
+  largest = jax.lax.stop_gradient(jnp.where(varies, jnp.maximum(jnp.abs(highest),
+                                                                jnp.abs(lowest)), 1))
+  info = jnp.finfo(dtype)
+  exponent = jnp.clip(jnp.frexp(largest)[1], -(info.maxexp - 1), info.maxexp - 2)
+  scale, unscale = jnp.ldexp(jnp.ones_like(largest), -exponent), jnp.ldexp(
+      jnp.ones_like(largest), exponent)
+  scaled = layout.map(lambda v, c: v * c, finite, layout.expand(scale, rows))
   mean = layout.sum(scaled) / count
   frozen = jax.lax.stop_gradient(mean)
   centered = layout.map(lambda z, m, f: jnp.where(f, z - m, 0), scaled,
                         layout.expand(frozen, rows), keep)
   variance = layout.sum(layout.map(jnp.square, centered)) / count - jnp.square(mean - frozen)
-  spread_ok = variance > 0
+  spread_ok = varies & (variance > 0)
   # sqrt at 0 has an infinite derivative: take it only where it is used (no NaN leaks
   # into the gradient of an all-equal row through the discarded branch).
-  spread = largest * jnp.sqrt(jnp.where(spread_ok, variance, 1))
+  spread = jnp.sqrt(jnp.where(spread_ok, variance, 1)) * unscale
   return jnp.where(spread_ok & jnp.isfinite(spread), spread, 1)
+
+
+def divide(v: Any, spread: Any) -> Any:
+  """``v / spread`` for a spread up to the float maximum: XLA divides through the
+  reciprocal, which is subnormal, and flushed to 0, beyond ``2^(maxexp - 2)``
+  (``2^1022`` in float64, ``2^126`` in float32): there both are scaled by 1/4 first
+  (exact), so ``[1e308, -1e308, 0]`` is not divided to zeros."""
+  info = jnp.finfo(jnp.result_type(v))
+  quarter = jax.lax.stop_gradient(jnp.where(spread >= 2.0 ** (info.maxexp - 2), 0.25, 1.0))
+  return _quotient.quotient(v * quarter, spread * quarter)

@@ -287,3 +287,18 @@ def test_native_gradients_at_the_ends_of_the_float_range(family, p):
     scale = np.sum(np.abs(moved), axis=-1) + np.max(np.abs(w))
     np.testing.assert_array_less(np.abs(np.sum(moved, axis=-1) + l * g_l), 1e-9 * scale,
                                  err_msg=mode)
+
+
+@pytest.mark.parametrize("solver", ["pav", "native", "threshold"])
+@pytest.mark.parametrize("regularizer", ["sigmoid", "laplace"])
+@pytest.mark.parametrize("pad", [-1e300, -np.finfo(np.float64).max, -1e65])
+def test_dense_regularizers_beside_an_entry_near_the_float_maximum(solver, regularizer, pad):
+  """A sigmoid or Laplace row is one block for the PAV kernel, whose bracket spans the
+  whole row: 200 plain halvings of a 1e300-wide bracket left it 1e240 wide, and the
+  mask came out (1, 1, 1, 0) for k = 1.5 (residual 1.5). Against the rational reference."""
+  x = np.array([0.3, 1.0, 0.5, pad])
+  y, info = itk.soft_topk_mask(jnp.asarray(x), 1.5, regularizer=regularizer, solver=solver,
+                               return_info=True)
+  reference = R.soft_topk_mask(x, 1.5, l=1.0, regularizer_name=regularizer)
+  np.testing.assert_allclose(np.asarray(y), reference, rtol=0, atol=1e-12)
+  assert float(info.residual) < 1e-12

@@ -104,12 +104,44 @@ def test_where_and_non_finite_entries_do_not_enter_the_spread():
   assert with_inf[4] == 1.0
 
 
-def test_zero_spread_rows_and_their_gradient_are_finite():
-  y = itk.soft_topk_mask(jnp.full((2, 4), 7.0), 1.5, standardize=True)
-  close(y, 1.5 / 4)
-  grad = jax.grad(lambda v: itk.soft_topk_mask(v, 1.5, standardize=True)[0])(jnp.full(4, 7.0))
-  assert np.all(np.isfinite(grad))
-  close(itk.soft_topk_mag(jnp.zeros(5), 2, standardize=True), 0.0)
+@pytest.mark.parametrize("value", [7.0, 3.0, 0.3, -1e300])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_zero_spread_rows_use_spread_one_with_its_derivative(value, dtype):
+  """All-equal rows take s = 1 and the derivative of the mask at strength l
+  (proofs/standardized_strength.md item 5), also under jit: there the variance of
+  [3, 3, 3, 3] came out 1e-33 (the mean rounds, the centring is fused), a spread of
+  1e-16 and derivatives of 1e15 (7.0 and 0.3 in float32 too)."""
+  if dtype == jnp.float32 and abs(value) > 1e30:
+    pytest.skip("beyond float32")
+  x = jnp.full(4, value, dtype)
+  for op in (lambda v: itk.soft_topk_mask(v, 1.5, standardize=True),
+             jax.jit(lambda v: itk.soft_topk_mask(v, 1.5, standardize=True))):
+    close(op(x), 1.5 / 4, tol=1e-6)
+    plain = jax.jacobian(lambda v: itk.soft_topk_mask(v, 1.5))(x)
+    close(jax.jacobian(op)(x), plain, tol=1e-6 * float(np.max(np.abs(plain))))
+  mag = jax.jit(lambda v: itk.soft_topk_mag(v, 1.5, p=3.0, standardize=True))
+  close(mag(x), itk.soft_topk_mag(x, 1.5, p=3.0), tol=1e-6 * abs(value))
+  close(itk.soft_topk_mag(jnp.zeros(5, dtype), 2, standardize=True), 0.0)
+
+
+def test_spreads_up_to_the_float_maximum():
+  """The spread divided by the row's largest entry, as XLA does it (a product with the
+  reciprocal), was 0 from 2^126 in float32 and 2^1022 in float64 (the reciprocal
+  flushed): such rows were standardized with s = 1, and the magnitude's row divided
+  by its spread gave zeros. Both operators are scale invariant / equivariant."""
+  b = np.array([0.3, -1.2, 2.0, 0.7, 1.1, -0.4])
+  unit32 = itk.soft_topk_mask(jnp.asarray(b, jnp.float32), 2.5, regularization_strength=0.5,
+                              standardize=True)
+  for c in (1e37, 1e38):
+    close(itk.soft_topk_mask(jnp.asarray(b * c, jnp.float32), 2.5, regularization_strength=0.5,
+                             standardize=True), unit32, tol=1e-5)
+  row = jnp.array([1.0, -1.0, 0.0])
+  for scale in (1e300, 1e308):
+    close(itk.soft_topk_mask(row * scale, 1.5, regularization_strength=1e-3, standardize=True),
+          itk.soft_topk_mask(row, 1.5, regularization_strength=1e-3, standardize=True))
+    for solver in ("native", "threshold", "pav"):
+      close(np.asarray(itk.soft_topk_mag(row * scale, 1.5, standardize=True, solver=solver)) / scale,
+            itk.soft_topk_mag(row, 1.5, standardize=True, solver=solver))
 
 
 def test_gradients_match_finite_differences_and_respect_the_invariance():

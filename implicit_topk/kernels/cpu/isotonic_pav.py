@@ -79,6 +79,8 @@ import math
 import numpy as np
 from numba import njit
 
+from implicit_topk.kernels.cpu.ordered_bits import bisection_point
+
 __all__ = ["isotonic_pav"]
 
 _EPS = np.finfo(np.float64).eps
@@ -327,7 +329,11 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
     in complement form (:func:`_complement_eval`) (if rounding puts it marginally outside, the
     nearest bracket end is returned, which is within rounding of the root).
     Newton steps from ``v`` are taken while they stay inside the (shrinking)
-    bracket and at least halve |F|; otherwise the bracket is bisected.  Stops
+    bracket and at least halve |F|; otherwise the bracket is bisected, every other
+    time on the floats' ordered bit patterns while it spans more than two binades
+    (:func:`~implicit_topk.kernels.cpu.ordered_bits.bisection_point`): a sigmoid or
+    Laplace row ``(0.3, 1, 0.5, -1e300)`` is one block whose bracket is 1e300 wide,
+    which 200 plain halvings left 1e240 wide (the mask ``(1, 1, 1, 0)`` for ``k = 1.5``).  Stops
     when the bracket or a Newton step is below 4 eps |v| (v's own precision),
     or below 4 eps * scale (the block's scale) while |F| is at rounding level,
     |F| <= 16 eps (|G| + |W v| + |B|), and then returns the iterate whose |F| is
@@ -344,7 +350,7 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
     Fprev = np.inf
     last = np.inf
     complement = link >= 2 and slope == 0.0  # sigmoid, Laplace: the complement form
-    for _ in range(_MAXIT):
+    for it in range(_MAXIT):
         if complement:
             F, dG, size = _complement_eval(s, i0, i1, v, l, link, W)
         else:
@@ -368,7 +374,7 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
         if width <= 4.0 * _EPS * max(abs(lo), abs(hi)):
             return 0.5 * (lo + hi)
         D = dG + slope * W
-        vn = 0.5 * (lo + hi)
+        vn = bisection_point(lo, hi, it)
         if D > 0.0 and D < np.inf and abs(F) <= 0.5 * abs(Fprev):
             newton = v + F / D
             # Complement form: F is a difference of exponential tails, on which Newton
@@ -386,7 +392,7 @@ def _newton_block(s, i0, i1, m, W, mean, v, l, a, link, lo, hi, slope):
             # is not; bisect instead (found by hypothesis: x=[0.25, 1e-40]).
             if at_rounding:
                 return vn
-            vn = 0.5 * (lo + hi)
+            vn = bisection_point(lo, hi, it)
         elif step <= tol and at_rounding:
             return vn
         v = vn

@@ -72,6 +72,8 @@ from numba.extending import overload
 from implicit_topk.kernels.cpu import abi
 from implicit_topk.kernels.cpu.kinds import ENTROPY, KINDS, LAPLACE, PNORM, SIGMOID  # noqa: F401
 from implicit_topk.kernels.cpu.ordered_bits import block_largest, largest, smallest_above
+from implicit_topk.kernels.cpu.ordered_bits import bisection_point as _bisection_point
+from implicit_topk.kernels.cpu.ordered_bits import midpoint as _midpoint
 
 _SORT_LIMIT = 16  # below this many top entries: an insertion buffer, else quickselect
 _MAXITER = 200
@@ -82,8 +84,6 @@ _SKIP_BLOCK = 16  # the first row's pass (_first_row_pass) skips blocks of this 
 _GATHER_BLOCK = 64  # _gather_near_top skips blocks of this many entries
 _LOWEST = -np.finfo(np.float64).max
 _EPS64 = float(np.finfo(np.float64).eps)
-_INT_MAX = np.int64(np.iinfo(np.int64).max)
-_INT_MIN = np.int64(np.iinfo(np.int64).min)
 #: Float64 entries below this in magnitude keep every difference of two finite (4 times
 #: one overflows exactly from here): scale exponent E_lo <= 0.
 _ENTRY_LIMIT = 2.0 ** 1022
@@ -234,42 +234,6 @@ def _scaled_div(v, lam, l):
   if abs(d) < np.inf:
     return d / l
   return v / l - lam / l
-
-
-@njit(**_OPTIONS)
-def _midpoint(a, b):
-  if (a >= 0.0) == (b >= 0.0):
-    return a + 0.5 * (b - a)
-  return 0.5 * (a + b)
-
-
-@njit(**_OPTIONS)
-def _ordered_midpoint(a, b):
-  """The float whose ordered bit pattern (sign * the bits without the sign) is the
-  floor-average of those of the finite ``a`` and ``b``: geometric across binades,
-  arithmetic within one; any bracket is down to adjacent floats in 64 halvings."""
-  u = np.float64(a).view(np.int64)
-  v = np.float64(b).view(np.int64)
-  if u < 0:
-    u = -(u & _INT_MAX)
-  if v < 0:
-    v = -(v & _INT_MAX)
-  mid = (u >> 1) + (v >> 1) + (u & v & 1)
-  if mid < 0:
-    mid = (-mid) | _INT_MIN
-  return np.int64(mid).view(np.float64)
-
-
-@njit(**_OPTIONS)
-def _bisection_point(lo, hi, it):
-  """Where the safeguard bisects [lo, hi] at iteration ``it``: every other time the
-  ordered midpoint if the bracket spans more than two binades (max(|lo|, |hi|) >
-  4 min(|lo|, |hi|)), else the midpoint. So a bracket from 1e300 to a root near 0 is
-  within two binades after ~2 x 11 bisections, not ~1000 halvings."""
-  near, far = min(abs(lo), abs(hi)), max(abs(lo), abs(hi))
-  if it % 2 == 0 and far > 4.0 * near and far < np.inf:
-    return _ordered_midpoint(lo, hi)
-  return _midpoint(lo, hi)
 
 
 @njit(inline="always", **_OPTIONS)

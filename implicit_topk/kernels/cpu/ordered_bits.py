@@ -114,3 +114,44 @@ def _block_largest_for(row, n, block, out):
     if full * block < n:
       out[full] = largest(row, full * block, n)
   return block_largest_impl
+
+
+# -- bisection on the floats' order ----------------------------------------------------
+_INT64_MAX = np.int64(np.iinfo(np.int64).max)
+_INT64_MIN = np.int64(np.iinfo(np.int64).min)
+
+
+@njit(cache=True, error_model="numpy")
+def midpoint(a, b):
+  if (a >= 0.0) == (b >= 0.0):
+    return a + 0.5 * (b - a)
+  return 0.5 * (a + b)
+
+
+@njit(cache=True, error_model="numpy")
+def ordered_midpoint(a, b):
+  """The float whose ordered bit pattern (sign * the bits without the sign) is the
+  floor-average of those of the finite ``a`` and ``b``: geometric across binades,
+  arithmetic within one; any bracket is down to adjacent floats in 64 halvings."""
+  u = np.float64(a).view(np.int64)
+  v = np.float64(b).view(np.int64)
+  if u < 0:
+    u = -(u & _INT64_MAX)
+  if v < 0:
+    v = -(v & _INT64_MAX)
+  mid = (u >> 1) + (v >> 1) + (u & v & 1)
+  if mid < 0:
+    mid = (-mid) | _INT64_MIN
+  return np.int64(mid).view(np.float64)
+
+
+@njit(cache=True, error_model="numpy")
+def bisection_point(lo, hi, it):
+  """Where the safeguard bisects [lo, hi] at iteration ``it``: every other time the
+  ordered midpoint if the bracket spans more than two binades (max(|lo|, |hi|) >
+  4 min(|lo|, |hi|)), else the midpoint. So a bracket from 1e300 to a root near 0 is
+  within two binades after ~2 x 11 bisections, not ~1000 halvings."""
+  near, far = min(abs(lo), abs(hi)), max(abs(lo), abs(hi))
+  if it % 2 == 0 and far > 4.0 * near and far < np.inf:
+    return ordered_midpoint(lo, hi)
+  return midpoint(lo, hi)
