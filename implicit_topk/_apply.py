@@ -401,18 +401,41 @@ def _solve_tree(tree, k, l, *, solver, return_info, standardize=None, max_suppor
   leaves, treedef = jax.tree.flatten(tree)
   dtype = _validation.compute_dtype(jnp.result_type(*leaves))
   if max_support is not None:  # one row of all the entries: one selection over them
-    row = jnp.concatenate([leaf.astype(dtype).ravel() for leaf in leaves])
-    flat, state = _solve(solver.with_layout(_layout.LastAxis()), row, k, l, return_info=True,
-                         standardize=standardize, max_support=max_support)
-    ends = np.cumsum([int(np.size(leaf)) for leaf in leaves])[:-1]
-    y = treedef.unflatten([part.reshape(np.shape(leaf))
-                           for part, leaf in zip(jnp.split(flat, ends), leaves)])
+    y, state = _solve_tree_row(leaves, treedef, dtype, k, l, solver=solver,
+                               standardize=standardize, max_support=max_support)
   else:
     rows = treedef.unflatten([leaf.astype(dtype) for leaf in leaves])
     y, state = _solve(solver, rows, k, l, return_info=True, standardize=standardize)
   y = treedef.unflatten([out.astype(leaf.dtype)
                          for out, leaf in zip(treedef.flatten_up_to(y), leaves)])
   return (y, state) if return_info else y
+
+
+def _solve_tree_row(leaves, treedef, dtype, k, l, *, solver, standardize, max_support):
+  """The tree's entries as one row (``max_support``: one selection over all of them).
+  Where a leaf is split over an Explicit mesh axis, whose sharding types refuse the
+  flattening and the selection, the row is built and solved with those axes Auto (as
+  :func:`call_with_auto_axes`), and each output then takes its leaf's sharding."""
+
+  def solve(leaves):
+    row = jnp.concatenate([leaf.astype(dtype).ravel() for leaf in leaves])
+    flat, state = _solve(solver.with_layout(_layout.LastAxis()), row, k, l, return_info=True,
+                         standardize=standardize, max_support=max_support)
+    ends = np.cumsum([int(np.size(leaf)) for leaf in leaves])[:-1]
+    return [part.reshape(np.shape(leaf)) for part, leaf in zip(jnp.split(flat, ends), leaves)], state
+
+  mesh = _explicit_mesh(leaves)
+  if mesh is None:
+    parts, state = solve(leaves)
+  else:
+    auto_mesh = mesh.update_axis_types({name: jax.sharding.AxisType.Auto
+                                        for name in mesh.explicit_axes})
+    with jax.sharding.use_abstract_mesh(auto_mesh):
+      parts, state = solve([jax.sharding.reshard(leaf, jax.sharding.PartitionSpec())
+                            for leaf in leaves])
+    parts = [jax.sharding.reshard(part, jax.typeof(leaf).sharding)
+             for part, leaf in zip(parts, leaves)]
+  return treedef.unflatten(parts), state
 
 
 _solve_tree_jit = jax.jit(_solve_tree, static_argnames=("solver", "return_info", "standardize",

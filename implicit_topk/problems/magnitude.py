@@ -106,7 +106,8 @@ class Magnitude:
     inside = (t > 0) & (t < jnp.inf)
     # l where t is not inside: g(1) = 1, no overflow whose derivative (0 * inf) would
     # make the masked-out cotangents NaN (t = 1 with l = 1e-20 gives 1e60 at p = 4/3)
-    safe = jnp.where(inside, t, jnp.broadcast_to(l, t.shape).astype(t.dtype))
+    # (where broadcasts l: t's sharding, which broadcast_to would drop on an explicit mesh)
+    safe = jnp.where(inside, t, jnp.asarray(l, t.dtype))
     value = self.regularizer.link_of_ratio(safe, l)
     return jnp.where(inside, value, jnp.where(t > 0, t, jnp.zeros_like(t)))
 
