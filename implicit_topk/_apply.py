@@ -100,6 +100,13 @@ def _explicit_mesh(leaves):
   return None
 
 
+def _axes_auto(mesh):
+  """A context in which ``mesh``'s Explicit axes are Auto (as in
+  :func:`jax.sharding.auto_axes`)."""
+  return jax.sharding.use_abstract_mesh(mesh.update_axis_types(
+      {name: jax.sharding.AxisType.Auto for name in mesh.explicit_axes}))
+
+
 def _spec_of(x) -> tuple:
   spec = tuple(jax.typeof(x).sharding.spec) if isinstance(x, jax.Array) else ()
   return spec + (None,) * (np.ndim(x) - len(spec))
@@ -149,9 +156,7 @@ def call_with_auto_axes(fn: Callable, x: Any, *args: Any, reduced_axis: int,
   if mesh is None:
     return fn(x, *args, **kwargs)
   is_array = [isinstance(leaf, jax.Array) for leaf in leaves]
-  auto_mesh = mesh.update_axis_types({name: jax.sharding.AxisType.Auto
-                                      for name in mesh.explicit_axes})
-  with jax.sharding.use_abstract_mesh(auto_mesh):
+  with _axes_auto(mesh):
     leaves = [jax.sharding.reshard(leaf, jax.sharding.PartitionSpec()) if array else leaf
               for leaf, array in zip(leaves, is_array)]
     x_, args_, kwargs_ = jax.tree.unflatten(treedef, leaves)
@@ -428,9 +433,7 @@ def _solve_tree_row(leaves, treedef, dtype, k, l, *, solver, standardize, max_su
   if mesh is None:
     parts, state = solve(leaves)
   else:
-    auto_mesh = mesh.update_axis_types({name: jax.sharding.AxisType.Auto
-                                        for name in mesh.explicit_axes})
-    with jax.sharding.use_abstract_mesh(auto_mesh):
+    with _axes_auto(mesh):
       parts, state = solve([jax.sharding.reshard(leaf, jax.sharding.PartitionSpec())
                             for leaf in leaves])
     parts = [jax.sharding.reshard(part, jax.typeof(leaf).sharding)
