@@ -427,7 +427,8 @@ def _solve_tree_row(leaves, treedef, dtype, k, l, *, solver, standardize, max_su
     flat, state = _solve(solver.with_layout(_layout.LastAxis()), row, k, l, return_info=True,
                          standardize=standardize, max_support=max_support)
     ends = np.cumsum([int(np.size(leaf)) for leaf in leaves])[:-1]
-    return [part.reshape(np.shape(leaf)) for part, leaf in zip(jnp.split(flat, ends), leaves)], state
+    parts = [part.reshape(np.shape(leaf)) for part, leaf in zip(jnp.split(flat, ends), leaves)]
+    return parts, state
 
   mesh = _explicit_mesh(leaves)
   if mesh is None:

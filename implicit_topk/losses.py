@@ -97,7 +97,8 @@ def _safe_log(v):
   """log(v) for v >= 0 with -inf (not NaN) value *and* finite gradients at v = 0; NaN
   stays NaN (a mask of NaN, from a traced strength out of range, must not read as 0)."""
   positive = v > 0
-  return jnp.where(positive, jnp.log(jnp.where(positive, v, 1.0)), jnp.where(v == 0, -jnp.inf, jnp.nan))
+  return jnp.where(positive, jnp.log(jnp.where(positive, v, 1.0)),
+                   jnp.where(v == 0, -jnp.inf, jnp.nan))
 
 
 def _select_m(logits: jax.Array, labels: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
@@ -649,9 +650,9 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
   Non-finite inputs: ``-inf`` scores of classes other than the label drop out (the
   loss of the row without them) while at least ``k`` other classes stay finite (with
   ``k - 1`` the loss is 0, with fewer NaN); a ``-inf`` label score gives ``+inf``, a
-  ``+inf`` label score 0. A row with a ``+inf`` score of another class returns NaN, for every
-  ``k``, with NaN in its gradient, as does a row with a NaN score. Under ``jit`` a traced ``tau`` is not
-  checked: one outside ``[tiny, 1 / tiny)`` (zero, subnormal or negative) gives NaN.
+  ``+inf`` label score 0. A row with a ``+inf`` score of another class returns NaN, for
+  every ``k``, with NaN in its gradient, as does a row with a NaN score. Under ``jit`` a
+  traced ``tau`` is not checked: one outside ``[tiny, 1 / tiny)`` (zero, subnormal or negative) gives NaN.
 
   Example:
     >>> import jax.numpy as jnp
@@ -676,7 +677,8 @@ def smooth_topk_svm_loss(scores: ArrayLike, labels: ArrayLike, k: int, *, tau: A
   try:
     thresh = float(thresh)
   except (TypeError, ValueError):
-    raise TypeError(f"`thresh` must be a real number > 1; got {_validation.shown(thresh)}.") from None
+    raise TypeError(f"`thresh` must be a real number > 1; got "
+                    f"{_validation.shown(thresh)}.") from None
   if not thresh > 1:  # log(thresh) > 0: the gap below which the smooth loss is kept
     raise ValueError(f"`thresh` must satisfy 1 < thresh <= inf; got {_validation.shown(thresh)}.")
   dtype = _validation.compute_dtype(scores.dtype)

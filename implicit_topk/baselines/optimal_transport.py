@@ -101,22 +101,23 @@ def _newton_polish(u, kf, eps, g, tol, steps):
   def open_rows(r, lo, hi):
     return (jnp.abs(r) > tol) & (hi - lo > ulps * (jnp.abs(lo) + jnp.abs(hi)))
 
+  # The state carries r and r' at g: one pass over the row per step (cond reads them).
   def body(state):
-    g, lo, hi, it = state
-    r, slope = terms(g)
+    g, r, slope, lo, hi, it = state
     lo = jnp.where(r < 0, g, lo)
     hi = jnp.where(r > 0, g, hi)
     newton = g - r / jnp.where(slope > 0, slope, 1.0)
     inside = (slope > 0) & (newton > lo) & (newton < hi)
     step = jnp.where(inside, newton, 0.5 * (lo + hi))
-    return jnp.where(open_rows(r, lo, hi), step, g), lo, hi, it + 1
+    g = jnp.where(open_rows(r, lo, hi), step, g)
+    return (g, *terms(g), lo, hi, it + 1)
 
   def cond(state):
-    g, lo, hi, it = state
-    return jnp.any(open_rows(terms(g)[0], lo, hi)) & (it < steps)
+    _, r, _, lo, hi, it = state
+    return jnp.any(open_rows(r, lo, hi)) & (it < steps)
 
   g = jnp.clip(g, lo, hi)
-  g, _, _, _ = jax.lax.while_loop(cond, body, (g, lo, hi, 0))
+  g, *_ = jax.lax.while_loop(cond, body, (g, *terms(g), lo, hi, 0))
   return g
 
 

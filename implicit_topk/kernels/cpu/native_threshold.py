@@ -41,7 +41,8 @@ whose root lies on the piece of its first point takes two passes); it stops at
 :math:`\phi = 0`, a step below 4 ulps (of the output dtype) of the smaller of
 :math:`|\lambda|` and :math:`l` with :math:`|\phi|` at rounding level, or a collapsed
 bracket, never below 4 float64 ulps of :math:`\lambda` (so float32 rows with
-:math:`l \ll |\lambda|` are solved as exactly as in float64). Rows with NaN, with no finite threshold, or with
+:math:`l \ll |\lambda|` are solved as exactly as in float64). Rows with NaN, with no
+finite threshold, or with
 ``k`` at 0 or at the count of entries are left to the caller (the problem's
 ``bracket`` answers them).
 
