@@ -236,8 +236,10 @@ def check_tol(tol: Any) -> float:
 
 
 def check_broadcast(value: Any, batch_shape: Any, name: str,
-                    what: str = "the input's shape without the reduced axis") -> None:
-  """Checks that ``value`` broadcasts to ``batch_shape`` (the input without its axis)."""
+                    what: str = "the input's shape without the reduced axis",
+                    target: str = "the batch shape") -> None:
+  """Checks that ``value`` broadcasts to ``batch_shape`` (by default the input without
+  its axis; ``target`` and ``what`` name the shape in the error)."""
   shape = np.shape(value)
   try:  # jax's rule: it also takes symbolic dimensions (jax.export)
     result = jnp.broadcast_shapes(shape, tuple(batch_shape))
@@ -245,5 +247,5 @@ def check_broadcast(value: Any, batch_shape: Any, name: str,
     result = None
   if result != tuple(batch_shape):
     raise ValueError(
-        f"`{name}` must be a scalar or broadcast to the batch shape {tuple(batch_shape)} "
+        f"`{name}` must be a scalar or broadcast to {target} {tuple(batch_shape)} "
         f"({what}); got shape {shape}.")

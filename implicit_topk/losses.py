@@ -484,14 +484,8 @@ def topk_fenchel_young_loss(scores: ArrayLike, target_mask: ArrayLike, k: ArrayL
   batch = scores.shape[:axis] + scores.shape[axis + 1:]
   for value, name in ((k, "k"), (l, "regularization_strength")):
     _validation.check_broadcast(value, batch, name, "`scores`' shape without `axis`")
-  target_shape = np.shape(target_mask)
-  try:
-    fits = jnp.broadcast_shapes(target_shape, scores.shape) == scores.shape
-  except ValueError:
-    fits = False
-  if not fits:
-    raise ValueError(f"`target_mask` must broadcast to the shape of `scores` {scores.shape}; "
-                     f"got shape {target_shape}.")
+  _validation.check_broadcast(target_mask, scores.shape, "target_mask", "a target per score",
+                              target="the shape of `scores`")
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
   reg = regularizers.resolve(regularizer, p)
   dtype = _validation.compute_dtype(scores.dtype)

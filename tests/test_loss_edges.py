@@ -104,8 +104,8 @@ TARGET = jnp.array([[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 1.0, 1.0]])
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(target_mask=jnp.array([1.0, 1.0, 0.0])), "`target_mask` must broadcast"),
-    (dict(target_mask=jnp.ones((3, 4)) / 2), "`target_mask` must broadcast"),
+    (dict(target_mask=jnp.array([1.0, 1.0, 0.0])), "`target_mask` must be a scalar or broadcast to the shape of `scores`"),
+    (dict(target_mask=jnp.ones((3, 4)) / 2), "`target_mask` must be a scalar or broadcast to the shape of `scores`"),
     (dict(target_mask=TARGET, k=jnp.array([2.0, 2.0, 2.0])), "`k` must be a scalar or broadcast"),
     (dict(target_mask=TARGET, regularization_strength=jnp.ones(3)),
      "`regularization_strength` must be a scalar or broadcast"),
