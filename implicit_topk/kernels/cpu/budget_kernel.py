@@ -89,7 +89,7 @@ def budget_rows(x, k, l, m, a, y, shift, offset, strength, cut, lanes=True):
   return 0
 
 
-@njit(inline="always", **_OPTIONS)
+@njit(**_OPTIONS)  # a call, not inlined: budget_rows calls it twice (its IR once, half the build)
 def _solve_row(row, kb, lb, m, a, top, values, weights, scratch):
   """``(shift, offset, strength, cut)`` of one row by its m+1 largest entries
   (:mod:`~implicit_topk.kernels.cpu.budget_row`); ``(0, NaN, NaN, NaN)`` where it has
