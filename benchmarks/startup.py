@@ -9,7 +9,11 @@ step in a fresh Python process:
 2. the first ``soft_topk_mask`` forward+backward (``jax.value_and_grad`` under
    ``jax.jit``) on a (64, 1000) float32 input, default solver: the CPU kernels it
    needs are compiled then;
-3. the same in a second fresh process (the kernels load from numba's cache).
+3. the same in a second fresh process (the kernels load from numba's cache);
+4. with another empty numba cache, the first call of the README's router gate
+   (``soft_topk_mask(logits, 2, regularization_strength=0.5, standardize=True,
+   max_support=3)`` forward+backward on (256, 8) float32 logits): the support budget's
+   kernels are compiled then.
 
 Each process reports its import time and its first call's time (``time.perf_counter``);
 the wall time of each process (interpreter start included) is measured around it. The
@@ -53,6 +57,20 @@ jax.block_until_ready(f(x))
 print(imported - start, time.perf_counter() - imported)
 """
 
+_FIRST_BUDGET_CALL = """
+import time
+start = time.perf_counter()
+import jax, jax.numpy as jnp
+import implicit_topk as itk
+imported = time.perf_counter()
+x = jax.random.normal(jax.random.key(0), (256, 8), jnp.float32)
+w = jnp.cos(jnp.arange(8, dtype=jnp.float32))
+f = jax.jit(jax.value_and_grad(lambda z: jnp.sum(itk.soft_topk_mask(
+    z, 2, regularization_strength=0.5, standardize=True, max_support=3) * w)))
+jax.block_until_ready(f(x))
+print(imported - start, time.perf_counter() - imported)
+"""
+
 
 def _run(script: str, env: dict) -> dict:
   start = time.perf_counter()
@@ -76,6 +94,8 @@ def measure() -> dict:
     load = os.getloadavg()
     steps = {"import": _run(_IMPORT, env), "first_process": _run(_FIRST_CALL, env),
              "second_process": _run(_FIRST_CALL, env)}
+    env["NUMBA_CACHE_DIR"] = os.path.join(tmp, "numba_cache_budget")
+    steps["first_budget_process"] = _run(_FIRST_BUDGET_CALL, env)
   return {"cores": os.cpu_count(), "machine": platform.machine(),
           "python": platform.python_version(),
           "loadavg": [load[0], os.getloadavg()[0]], "steps": steps}
@@ -87,7 +107,7 @@ def main():
   opts = parser.parse_args()
   result = measure()
   for name, step in result["steps"].items():
-    print(f"{name:15s} import {step['import_s']:6.2f} s  first call {step['first_call_s']:6.2f} s"
+    print(f"{name:20s} import {step['import_s']:6.2f} s  first call {step['first_call_s']:6.2f} s"
           f"  process {step['process_wall_s']:6.2f} s")
   print(f"{result['cores']} cores, load average {result['loadavg'][0]:.2f} before, "
         f"{result['loadavg'][1]:.2f} after")

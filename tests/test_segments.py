@@ -155,13 +155,17 @@ def test_segment_errors_name_the_argument():
                              call(), atol=0)
 
 
-def test_traced_bad_segments_give_nan():
+@pytest.mark.parametrize("bad_id", [9, -1, -len(SIZES)])  # negative ids: jnp.take wraps them
+def test_traced_bad_segments_give_nan(bad_id):
   x, ids, k = _segments()
   f = jax.jit(lambda i, k_: itk.segment_soft_topk_mask(
       jnp.asarray(x), i, k_, num_segments=len(SIZES), regularization_strength=0.1))
-  bad_ids = np.where(np.arange(x.size) == 0, 9, ids)
+  bad_ids = np.where(np.arange(x.size) == 0, bad_id, ids)
   out = np.asarray(f(bad_ids, k))
   assert np.isnan(out[0]) and not np.isnan(out[1:][bad_ids[1:] != ids[0]]).any()
+  with_budget = jax.jit(lambda i: itk.segment_soft_topk_mask(
+      jnp.asarray(x), i, 1.0, num_segments=len(SIZES), max_support=3, standardize=True))
+  assert np.isnan(np.asarray(with_budget(bad_ids))[0])
   too_big = k.copy()
   too_big[1] = 6.0  # segment 1 has 5 entries
   out = np.asarray(f(ids, too_big))

@@ -231,7 +231,11 @@ class Segments:
 
   def expand(self, r, x):
     r = jnp.broadcast_to(jnp.asarray(r, x.dtype), self.row_shape(x))
-    return jnp.take(r, self._ids(), axis=-1, mode="fill", fill_value=jnp.nan)
+    ids = self._ids()
+    taken = jnp.take(r, ids, axis=-1, mode="fill", fill_value=jnp.nan)
+    # NaN at every out-of-range id: jnp.take wraps ids in [-num_segments, 0) (as NumPy
+    # indexes), where the reductions (segment_sum, ...) drop them
+    return jnp.where(ids < 0, jnp.nan, taken)
 
   def _reduce(self, op, v):
     moved = jnp.moveaxis(v, -1, 0)
