@@ -150,7 +150,8 @@ def soft_topk_mag(
       counts the valid entries only (``0 <= k <=`` the row's valid count, checked
       when concrete); equal to the operator on the row with those entries removed.
       (An excluded entry is solved as a 0, which the operator never keeps; so under
-      ``jit`` a ``k`` above the valid count returns the valid entries unchanged.)
+      ``jit`` a ``k`` above the valid count, up to the row's length, returns the valid
+      entries unchanged; above the row's length it gives NaN, as without ``where``.)
     axis_name: inside :func:`jax.shard_map`, the mesh axis name (or tuple) over which
       ``axis`` is split; each Newton step then costs one ``psum`` of a few scalars
       per row, nothing is gathered, and ``k`` counts the global row. Not needed

@@ -135,6 +135,26 @@ def test_traced_bad_l_or_k_give_nan():
     assert np.all(np.isnan(np.asarray(jax.jit(lambda k: itk.soft_topk_mask(x, k, regularization_strength=0.1))(k))))
 
 
+TRACED_K_OPERATORS = {
+    "mask": lambda x, k, s: itk.soft_topk_mask(x, k, solver=s),
+    "magnitude": lambda x, k, s: itk.soft_topk_mag(x, k, solver=s),
+    "magnitude_p2": lambda x, k, s: itk.soft_topk_mag(x, k, solver=s, p=2.0),
+    "tree_magnitude": lambda x, k, s: itk.tree_soft_topk_mag({"a": x}, k)["a"],
+}
+
+
+@pytest.mark.parametrize("solver", ["auto", "threshold", "pav"])
+@pytest.mark.parametrize("name", sorted(TRACED_K_OPERATORS))
+def test_traced_k_above_the_row_length_gives_nan(name, solver):
+  # (the magnitude operators returned x, the answer for k = n, with the CPU kernel)
+  x = jnp.array([[3.0, 1.0, 2.0, -1.0], [0.5, 0.2, -0.3, 1.0]])
+  n = x.size if name.startswith("tree") else x.shape[-1]
+  f = jax.jit(lambda k: TRACED_K_OPERATORS[name](x, k, solver))
+  for k in (n + 0.5, -0.5):
+    assert np.all(np.isnan(np.asarray(f(k)))), (name, solver, k)
+  np.testing.assert_allclose(np.asarray(f(float(n))), np.asarray(TRACED_K_OPERATORS[name](x, float(n), solver)))
+
+
 TRACED_STRENGTH_OPERATORS = {
     "mask": lambda x, l, s: itk.soft_topk_mask(x, 2.5, regularization_strength=l, solver=s),
     "mask_entropy": lambda x, l, s: itk.soft_topk_mask(x, 2.5, regularization_strength=l, solver=s,

@@ -168,7 +168,7 @@ class Magnitude:
     """Rows answered without iterating, and a bracket [lo, hi] of the others' root.
 
     ``|x_i| = inf`` entries are kept and use up ``k``; with ``k_f = k - #inf``:
-    NaN in the row or ``k_f < 0``: NaN; ``k_f = 0``: every finite entry is 0
+    NaN in the row, ``k_f < 0`` or ``k`` above the row's length: NaN; ``k_f = 0``: every finite entry is 0
     (``lam = max_finite + l``); at most ``k_f`` finite nonzero entries: ``lam = 0``
     (output = x). ``hi = max_finite s`` (F(hi) = -k_f hi < 0) and
     ``lo = min(m / 2, g(m / (2 l)))``, ``m`` the smallest nonzero finite ``s``:
@@ -186,7 +186,8 @@ class Magnitude:
     n_inf = L.count(L.map(lambda v: v == jnp.inf, s), dtype)
     nnz = L.count(nonzero, dtype)
     k_f = k - n_inf
-    infeasible = L.any(L.map(jnp.isnan, s)) | (k_f < 0)
+    length = L.count(L.map(lambda v: jnp.ones(v.shape, bool), s), dtype)
+    infeasible = L.any(L.map(jnp.isnan, s)) | (k_f < 0) | (k > length)
     all_zero = k_f == 0
     all_kept = nnz <= k_f
     known = infeasible | all_zero | all_kept
@@ -295,7 +296,11 @@ class Magnitude:
     # thresholds inside their interval, so the snap (its scalar bisection: 18-43% of the
     # operator) runs only where it can move a row. A CPU-only path: the cond costs no
     # host round trip as on XLA:GPU (under vmap it becomes a select, the snap as before).
-    known = self.bracket(x, k, l).known
+    bracket = self.bracket(x, k, l)
+    known = bracket.known
+    # rows without a solution (a traced k above the row's length, ...): NaN, as the
+    # bracket answers them for the other solvers
+    lam = jnp.where(known & jnp.isnan(bracket.value), jnp.nan, lam)
     lam = jax.lax.cond(self._snap_moves_a_row(lam, x, k, l, known),
                        lambda lam: self.snap(lam, x, k, l, known), lambda lam: lam, lam)
     return lam, passes
