@@ -213,11 +213,7 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
                                     residual=jax.lax.stop_gradient(jnp.abs(layout.sum(y) - k_rows)))
   else:  # without a budget, or rows of at most max_support entries (it never binds)
     y, state = solver.solve_and_map(rows, k_rows, l_rows)
-  # A traced l is not checked: outside [min_strength, max_strength) of the compute dtype
-  # (<= 0, NaN, or subnormal once cast: a float64 1e-40 beside float32 rows) it gives NaN
-  # rows, never a wrong mask.
-  y = layout.map(lambda v, l_: jnp.where(_validation.strength_in_range(l_), v, jnp.nan), y,
-                 layout.expand(l_rows, rows))
+  y = solver.nan_where_strength_out_of_range(y, l_rows)
   if spread is not None and solver.problem.output_degree:
     y = layout.map(lambda v, s: v * s ** solver.problem.output_degree, y,
                    layout.expand(spread, y))

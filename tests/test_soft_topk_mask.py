@@ -339,3 +339,25 @@ def test_bfloat16_k_and_strength_arrays_are_taken():
       itk.soft_sort(x, regularization_strength=1.0))
   with pytest.raises(TypeError, match="`k` must be a real number"):
     itk.soft_topk_mask(x, jnp.asarray(1 + 2j))
+
+
+SOLVER_OBJECTS = {"threshold": itk.ThresholdSolver, "native": itk.NativeSolver,
+                  "pav": itk.PAVSolver,
+                  "dykstra": lambda: itk.DykstraSolver(regularizer=itk.PNorm(2.0))}
+
+
+@pytest.mark.parametrize("name", sorted(SOLVER_OBJECTS))
+def test_solver_objects_check_the_strength(name):
+  # (a strength of -1 gave a mask of ones, summing to n, and 0 the hard mask)
+  solver = SOLVER_OBJECTS[name]()
+  x = jnp.array([3.0, 1.0, 2.0, -1.0])
+  for l in (-1.0, 0.0, np.inf):
+    with pytest.raises(ValueError, match="`l` must"):
+      solver.apply(x, 2.0, l)
+    with pytest.raises(ValueError, match="`l` must"):
+      solver.run(None, x, 2.0, l)
+  for l in (-1.0, 0.0, 1e-320):  # traced: NaN rows
+    assert np.all(np.isnan(np.asarray(jax.jit(lambda l_: solver.apply(x, 2.0, l_))(l))))
+    assert np.isnan(float(jax.jit(lambda l_: solver.run(None, x, 2.0, l_).params)(l)))
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda l_: solver.apply(x, 2.0, l_))(0.5)),
+                             [1.0, 0.0, 1.0, 0.0], atol=1e-6)

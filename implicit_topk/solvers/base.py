@@ -166,6 +166,7 @@ class ThresholdRootSolver:
     layout = self.layout
     x = layout.asarray(x)
     dtype, rows = layout.dtype(x), layout.row_shape(x)
+    _validation.check_strength(l, dtype, "l")  # a concrete l (a traced one: NaN rows)
     k = jnp.broadcast_to(jnp.asarray(k, dtype), rows)
     l = jnp.broadcast_to(jnp.asarray(l, dtype), rows)
     return x, k, l
@@ -200,7 +201,9 @@ class ThresholdRootSolver:
       k: target sums, shape broadcastable to the row shape (``x.shape[:-1]``), in
         ``[0, n]`` (fractional values allowed).
       l: regularization strength (``regularization_strength`` in the operators),
-        broadcastable to the row shape, > 0.
+        broadcastable to the row shape, > 0: a concrete ``l`` outside the compute
+        dtype's range (``l`` and ``1 / l`` normal numbers) raises ``ValueError``, a
+        traced one gives NaN thresholds (NaN rows from :meth:`apply`).
 
     Returns:
       ``OptStep(params=lam, state=RootState(iter_num, residual))``: ``lam`` has the
@@ -227,6 +230,7 @@ class ThresholdRootSolver:
     else:
       lam, iter_num = self._solve_unrolled(init if warm else None, x, k, l)
     iter_num = jnp.asarray(jax.lax.stop_gradient(iter_num), jnp.int32)
+    lam = jnp.where(_validation.strength_in_range(l), lam, jnp.nan)
     residual = jnp.abs(self.problem.optimality(
         jax.lax.stop_gradient(lam), *jax.lax.stop_gradient((x, k, l))))
     return OptStep(params=lam, state=RootState(iter_num=iter_num, residual=residual))
@@ -250,9 +254,19 @@ class ThresholdRootSolver:
     """
     x, k_rows, l_rows = self._per_row(x, k, l)
     if init_params is None:  # the operators' own path (exact rescaling, fused kernels)
-      return self.solve_and_map(x, k_rows, l_rows)[0]
+      return self.nan_where_strength_out_of_range(self.solve_and_map(x, k_rows, l_rows)[0],
+                                                  l_rows)
     x = self.problem.normalize(x, l_rows)
     return self.primal(self.run(init_params, x, k, l).params, x, l_rows)
+
+  def nan_where_strength_out_of_range(self, y, l_rows) -> Any:
+    """``y`` (laid out as the problem's rows) with NaN rows where the per-row strength
+    ``l_rows`` is outside the compute dtype's range (<= 0, NaN, subnormal once cast: a
+    float64 1e-40 beside float32 rows): a traced ``l`` is not checked, and gives NaN
+    rows, never a wrong output."""
+    layout = self.layout
+    return layout.map(lambda v, l_: jnp.where(_validation.strength_in_range(l_), v, jnp.nan),
+                      y, layout.expand(l_rows, y))
 
   mask = apply  # the top-k mask, for the default problem
 
