@@ -701,8 +701,9 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, *,
 
   Args:
     x: float array of any shape.
-    q: the levels in ``[0, 1]`` (checked when concrete): a scalar or an array of any
-      shape (as ``numpy.quantile``; ``jnp.quantile`` takes rank <= 1).
+    q: the levels in ``[0, 1]`` (checked when concrete; a traced level outside it, or
+      NaN, gives NaN): a scalar or an array of any shape (as ``numpy.quantile``;
+      ``jnp.quantile`` takes rank <= 1).
     regularization_strength: :math:`l > 0` (default 1.0), scalar or per row (see
       :func:`soft_sort`).
     p: p-norm exponent ``> 1`` (default 2.0); ignored when ``regularizer`` is given.
@@ -746,4 +747,7 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, *,
   upper = jnp.clip(lower + 1, 0, n - 1)
   frac = (position - lower).reshape(q.shape + (1,) * len(batch))
   pick = lambda i: jnp.take(sorted_x, i.ravel(), axis=0).reshape(q.shape + batch)
-  return pick(lower) * (1 - frac) + pick(upper) * frac
+  quantiles = pick(lower) * (1 - frac) + pick(upper) * frac
+  # a traced level outside [0, 1] (or NaN): NaN, not an extrapolated or clipped value
+  valid = ((q >= 0) & (q <= 1)).reshape(q.shape + (1,) * len(batch))
+  return jnp.where(valid, quantiles, jnp.nan)

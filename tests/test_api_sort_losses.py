@@ -186,3 +186,16 @@ def test_soft_quantile_levels_first_then_batch():
   # differentiable with the new layout
   g = jax.grad(lambda x: jnp.sum(itk.soft_quantile(x, q)[1]))(x)
   assert g.shape == x.shape and np.all(np.isfinite(g))
+
+
+def test_soft_quantile_traced_levels_outside_0_1_give_nan():
+  # (-0.5 extrapolated below the minimum, 1.5 was clipped to the maximum)
+  x = jnp.asarray(RNG.normal(size=(2, 5)))
+  levels = jnp.array([-0.5, 0.0, 0.5, 1.0, 1.5, jnp.nan])
+  y = np.asarray(jax.jit(lambda q: itk.soft_quantile(x, q, regularization_strength=1e-6))(levels))
+  assert np.all(np.isnan(y[[0, 4, 5]])) and not np.any(np.isnan(y[1:4]))
+  np.testing.assert_allclose(y[1:4], np.quantile(np.asarray(x), [0.0, 0.5, 1.0], axis=-1), atol=1e-12)
+  g = jax.grad(lambda x: jnp.sum(jax.jit(itk.soft_quantile)(x, levels[1:4])))(x)
+  assert np.all(np.isfinite(g))
+  with pytest.raises(ValueError, match="`q` must lie in"):
+    itk.soft_quantile(x, levels)
