@@ -19,20 +19,27 @@ import time
 _PROGRESS = re.compile(r"^\[\s*(\d+)/(\d+)\]")
 
 
-def repo_root(explicit: str | None = None) -> pathlib.Path:
-  """The source checkout holding ``benchmarks/`` and ``proofs/``."""
+_NOT_INSTALLED = (
+    "they are not part of the installed package: run from a clone of the repository "
+    "(https://github.com/implicit-topk/implicit-topk) or pass --repo PATH (or set "
+    "IMPLICIT_TOPK_REPO) naming one")
+
+
+def repo_root(explicit: str | None = None, need: str | None = None) -> pathlib.Path:
+  """The source checkout holding ``benchmarks/`` and ``proofs/`` (``need``: the first
+  candidate holding that folder, e.g. ``"benchmarks"``; by default either)."""
   candidates = []
   if explicit:
     candidates.append(pathlib.Path(explicit))
   if os.environ.get("IMPLICIT_TOPK_REPO"):
     candidates.append(pathlib.Path(os.environ["IMPLICIT_TOPK_REPO"]))
   candidates += [pathlib.Path(__file__).resolve().parents[1], pathlib.Path.cwd()]
+  folders = (need,) if need else ("proofs", "benchmarks")
   for c in candidates:
-    if (c / "proofs").is_dir() or (c / "benchmarks").is_dir():
+    if any((c / folder).is_dir() for folder in folders):
       return c.resolve()
-  raise FileNotFoundError(
-      "cannot find the source checkout (benchmarks/, proofs/): run from the repository "
-      "or pass --repo PATH (or set IMPLICIT_TOPK_REPO)")
+  wanted = ", ".join(f"{folder}/" for folder in folders)
+  raise FileNotFoundError(f"cannot find the source checkout's {wanted}: {_NOT_INSTALLED}")
 
 
 # ----------------------------------------------------------------------------------
@@ -94,21 +101,43 @@ class _ProgressStream(io.TextIOBase):
 
 
 def load_bench_module(root: pathlib.Path):
-  path = root / "benchmarks" / "bench_topk.py"
+  """``root/benchmarks/bench_topk.py`` as a module, imported as ``python
+  benchmarks/bench_topk.py`` runs it: with its folder first on ``sys.path``, so that its
+  sibling modules (``import _timing``) are found, from any working directory.
+
+  The siblings are imported afresh from that folder (a module of the same name already
+  imported, e.g. from another checkout, is set aside meanwhile), and ``sys.path`` and
+  ``sys.modules`` are as before afterwards (the module keeps its own references)."""
+  folder = root / "benchmarks"
+  path = folder / "bench_topk.py"
   if not path.is_file():
-    raise FileNotFoundError(f"missing {path}")
+    raise FileNotFoundError(f"missing {path}: benchmarks/ holds the benchmark scripts, "
+                            f"{_NOT_INSTALLED}")
   spec = importlib.util.spec_from_file_location("implicit_topk_bench_topk", path)
   if spec is None or spec.loader is None:
     raise ImportError(f"cannot load {path}")
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  siblings = {p.stem for p in folder.glob("*.py")}
+  saved = {name: sys.modules.pop(name) for name in siblings if name in sys.modules}
+  entry = str(folder)
+  sys.path.insert(0, entry)
+  try:
+    spec.loader.exec_module(module)
+  finally:
+    try:
+      sys.path.remove(entry)
+    except ValueError:
+      pass
+    for name in siblings:
+      sys.modules.pop(name, None)
+    sys.modules.update(saved)
   return module
 
 
 def run_bench(bench_argv, *, repo=None, stream=None):
   """Runs ``benchmarks/bench_topk.py``'s ``main(bench_argv)`` in this process, with a
   progress bar over its ``[i/total]`` lines; returns its list of records."""
-  root = repo_root(repo)
+  root = repo_root(repo, need="benchmarks")
   module = load_bench_module(root)
   stream = sys.stdout if stream is None else stream
   interactive = hasattr(stream, "isatty") and stream.isatty() and sys.stderr.isatty()

@@ -168,6 +168,67 @@ def test_bench_help_passthrough(capsys):
   assert "--quick" in capsys.readouterr().out
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cli_tools.__file__)))
+
+
+def _cli_elsewhere(cwd, *args, timeout):
+  """``python -m implicit_topk *args`` in a fresh interpreter, run from ``cwd`` (not the
+  checkout), with only the package importable: benchmarks/ is on no path (the in-process
+  tests above run where a worker may have imported benchmarks/_timing already)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "IMPLICIT_TOPK_REPO")}
+  env["PYTHONPATH"] = ROOT
+  return subprocess.run([sys.executable, "-m", "implicit_topk", *args], cwd=str(cwd),
+                        env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_help_from_another_directory(tmp_path):
+  # benchmarks/bench_topk.py imports its sibling benchmarks/_timing.py: the loader puts
+  # benchmarks/ on sys.path while importing it (ModuleNotFoundError: _timing before).
+  proc = _cli_elsewhere(tmp_path, "bench", "--bench-help", timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "--quick" in proc.stdout and "--solvers" in proc.stdout
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_bench_quick_from_another_directory(tmp_path):
+  # The documented smoke run (docs/cli.md), in a fresh interpreter away from the checkout.
+  out = tmp_path / "out"
+  proc = _cli_elsewhere(tmp_path, "bench", "--quick", "--out", f"{out}{os.sep}", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "100%" in proc.stdout
+  assert {p.suffix for p in out.glob("*_matrix.*")} >= {".md", ".json"}
+
+
+def test_load_bench_module_restores_path_and_modules(monkeypatch):
+  # Another `_timing` already imported (e.g. another checkout's) is neither used nor
+  # replaced; benchmarks/ leaves sys.path and its modules leave sys.modules afterwards.
+  stale = type(sys)("_timing")
+  monkeypatch.setitem(sys.modules, "_timing", stale)
+  path_before = list(sys.path)
+  module = cli_tools.load_bench_module(cli_tools.repo_root(need="benchmarks"))
+  assert module._timing is not stale
+  assert os.path.dirname(module._timing.__file__) == os.path.join(ROOT, "benchmarks")
+  assert module.CHAIN_ELEMENTS == module._timing.CHAIN_ELEMENTS
+  assert sys.path == path_before and sys.modules["_timing"] is stale
+
+
+def test_bench_without_checkout_is_a_clear_error(tmp_path, monkeypatch, capsys):
+  # An installed wheel has no benchmarks/: a usage error saying what to do, no traceback.
+  site = tmp_path / "site-packages" / "implicit_topk"
+  site.mkdir(parents=True)
+  monkeypatch.setattr(cli_tools, "__file__", str(site / "cli_tools.py"))
+  monkeypatch.delenv("IMPLICIT_TOPK_REPO", raising=False)
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "proofs").mkdir()  # a checkout's proofs/ alone does not do for bench
+  assert cli.main(["bench", "--bench-help"]) == 2
+  err = capsys.readouterr().err
+  assert "benchmarks/" in err and "not part of the installed package" in err
+  assert "--repo PATH" in err and "IMPLICIT_TOPK_REPO" in err
+  with pytest.raises(FileNotFoundError, match="--repo PATH"):
+    cli_tools.load_bench_module(tmp_path)
+
+
 def test_progress_stream():
   buf = io.StringIO()
   stream = cli_tools._ProgressStream(buf)
