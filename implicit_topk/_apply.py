@@ -187,6 +187,8 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
   """
   layout = solver.layout
   spread = None
+  if where is not None:  # (first: a NaN or inf excluded entry has no derivative to give)
+    rows = jnp.where(where, rows, jnp.asarray(solver.problem.excluded_value, rows.dtype))
   if standardize is not None and solver.problem.output_degree:
     spread = _standardize.row_spread(layout, rows, where)
     rows = layout.map(_standardize.divide, rows, layout.expand(spread, rows))
@@ -194,8 +196,6 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
     # the mask (degree 0): l s, which stays in range where s does; dividing the row costs
     # its backward a reduction through s (+12% in graph at 16384 x 8, forward+backward)
     l = l * _standardize.row_spread(layout, rows, where) ** standardize
-  if where is not None:
-    rows = jnp.where(where, rows, jnp.asarray(solver.problem.excluded_value, rows.dtype))
   dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
   k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)
   l_rows = jnp.broadcast_to(jnp.asarray(l, dtype), row_shape)
@@ -215,7 +215,7 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
     y, state = solver.solve_and_map(rows, k_rows, l_rows)
   y = solver.nan_where_strength_out_of_range(y, l_rows)
   if spread is not None and solver.problem.output_degree:
-    y = layout.map(lambda v, s: v * s ** solver.problem.output_degree, y,
+    y = layout.map(lambda v, s: _standardize.rescale(v, s, solver.problem.output_degree), y,
                    layout.expand(spread, y))
   if where is not None:
     y = jnp.where(where, y, jnp.zeros_like(y))

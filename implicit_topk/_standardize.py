@@ -84,4 +84,15 @@ def divide(v: Any, spread: Any) -> Any:
   (exact), so ``[1e308, -1e308, 0]`` is not divided to zeros."""
   info = jnp.finfo(jnp.result_type(v))
   quarter = jax.lax.stop_gradient(jnp.where(spread >= 2.0 ** (info.maxexp - 2), 0.25, 1.0))
-  return _quotient.quotient(v * quarter, spread * quarter)
+  # +-inf and NaN entries pass as they are, with no derivative in the spread (inf / s is
+  # inf for every s > 0; through the quotient it would be inf * 0 = NaN at every entry)
+  finite = jnp.isfinite(v)
+  quotient = _quotient.quotient(jnp.where(finite, v, 0) * quarter, spread * quarter)
+  return jnp.where(finite, quotient, v)
+
+
+def rescale(y: Any, spread: Any, degree: float) -> Any:
+  """``y * spread ** degree``, the output map of :func:`divide`d rows; +-inf and NaN
+  entries pass as they are, with no derivative in the spread."""
+  finite = jnp.isfinite(y)
+  return jnp.where(finite, jnp.where(finite, y, 0) * spread ** degree, y)

@@ -104,6 +104,24 @@ def test_where_and_non_finite_entries_do_not_enter_the_spread():
   assert with_inf[4] == 1.0
 
 
+@pytest.mark.parametrize("solver", ["auto", "threshold", "pav"])
+@pytest.mark.parametrize("excluded", [np.nan, np.inf])
+def test_magnitude_gradients_with_non_finite_entries(solver, excluded):
+  # (the division by the spread sent inf * 0 = NaN into every entry's derivative)
+  w = jnp.array([True, False, True, True])
+  x = jnp.array([1.0, excluded, 0.0, -2.0])
+  op = lambda v, k, **kw: itk.soft_topk_mag(v, k, standardize=True, solver=solver, **kw)
+  loss = lambda v, k, **kw: jnp.sum(jnp.where(w, op(v, k, **kw), 0.0) ** 2)
+  removed = jax.grad(lambda v: jnp.sum(op(v, 1.5) ** 2))(x[w])
+  # an excluded entry: the operator on the row without it, derivative 0 there
+  grad = jax.grad(lambda v: loss(v, 1.5, where=w))(x)
+  close(grad[w], removed)
+  assert grad[1] == 0.0
+  # a kept +inf entry takes one unit of k: the others as the row without it at k - 1
+  grad = jax.grad(lambda v: loss(v, 2.5))(x.at[1].set(jnp.inf))
+  close(grad[w], removed)
+
+
 @pytest.mark.parametrize("value", [7.0, 3.0, 0.3, -1e300])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_zero_spread_rows_use_spread_one_with_its_derivative(value, dtype):
