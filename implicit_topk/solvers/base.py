@@ -33,7 +33,11 @@ class OptStep(NamedTuple):
   :meth:`DykstraSolver.run`, named as in jaxopt (Blondel et al. 2022, "Efficient and
   modular implicit differentiation", NeurIPS): ``params`` is the solution and
   ``state`` the solver's diagnostics. Pass ``params`` to the solver's ``primal`` to
-  get the operator's output.
+  get the operator's output. ``run`` solves the row as given: where the threshold is
+  not representable at the scale of the entries (a row whose entries are more than
+  ``l / eps`` from it, e.g. ``(1e20, 1e20, 0, 1)`` at ``l = 1``), ``primal`` of it is the
+  best the float threshold gives and ``state.residual`` says how far it is from ``k``;
+  ``apply`` (and the operators) solve a shifted row and give the exact output there.
 
   Attributes:
     params: the thresholds :math:`\lambda`, one per row: shape ``x.shape[:-1]`` (the
@@ -71,7 +75,9 @@ class RootState(NamedTuple):
       :class:`DykstraSolver`, 0 for the direct :class:`PAVSolver`.
     residual: float, same shape: :math:`|\phi(\lambda)| \ge 0` at the returned
       threshold; for the top-k mask :math:`|\sum_i y_i - k|`, so 0 up to rounding for
-      the exact solvers and at most ``tol`` for a converged Dykstra row.
+      the exact solvers and at most ``tol`` for a converged float64 Dykstra row (in
+      float32 a row can stop on its sweep's change above ``tol``: see
+      :class:`DykstraSolver`).
 
   Example:
     >>> import jax.numpy as jnp

@@ -270,7 +270,9 @@ def _finish(problem, lam, x, k, l, bracket):
 class ThresholdSolver(ThresholdRootSolver):
   r"""Sort-free threshold solver: safeguarded Newton in ``lax.while_loop`` (pure JAX).
 
-  The default solver of the operators (``solver="auto"`` or ``"threshold"``). For the
+  The operators' pure-JAX solver (``solver="threshold"``; ``"auto"`` on every backend
+  but CPU, where it runs the compiled kernel of :class:`NativeSolver`, and CUDA, where it
+  runs the fused GPU kernel). For the
   top-k mask (Sander et al. 2023, "Fast, differentiable and sparse top-k: a convex
   analysis perspective", ICML)
 
