@@ -72,7 +72,10 @@ def reduced_axis_is_sharded(x: Any, axis: int) -> bool:
   """Whether ``axis`` of ``x`` is split over devices, as far as can be seen here: a
   concrete array with a ``NamedSharding`` along it, or a traced value whose type
   carries such a sharding (explicit mesh axes). A sharding XLA picks later, under
-  ``jit`` with automatic axes, is not visible and counts as not split."""
+  ``jit`` with automatic axes, is not visible and counts as not split. A bad ``axis``
+  counts as not split (the operator's own check names it)."""
+  if not isinstance(axis, numbers.Integral):
+    return False
   try:
     ndim = np.ndim(x)
     axis = axis % ndim if ndim else 0

@@ -364,6 +364,8 @@ def _permutahedron(x, w, *, l, p, regularizer, axis, solver, generator="w"):
   data = x if x is not None else w
   axis = _validation.canonicalize_axis(axis, data.ndim)
   _validation.check_strength(l, data.dtype)
+  _validation.check_broadcast(l, data.shape[:axis] + data.shape[axis + 1:],
+                              "regularization_strength")
   _validation.check_choice(solver, "solver", SOLVERS)
   solver = "pav_jax" if solver == "auto" else solver
   regularizer = regularizers.resolve(regularizer, p)
@@ -470,6 +472,8 @@ def permutahedron_argmax(x: ArrayLike, w: ArrayLike, *,
   """
   l = _deprecation.strength(regularization_strength, l, "permutahedron_argmax")
   x = _validation.as_float_input(x)
+  _validation.check_broadcast(w, x.shape, "w", "the generator of each row of `x`",
+                              target="the shape of `x`")
   w = jnp.broadcast_to(jnp.asarray(w, _validation.compute_dtype(x.dtype)), x.shape)
   return _permutahedron(x, w, l=l, p=p, regularizer=regularizer, axis=axis, solver=solver)
 
@@ -734,6 +738,9 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, *,
   l = _deprecation.strength(regularization_strength, l, "soft_quantile")
   x = _validation.as_float_input(x)
   axis = _validation.canonicalize_axis(axis, x.ndim)
+  if x.shape[axis] == 0:
+    raise ValueError(f"`x` has no entries along `axis`={axis} (shape {x.shape}): a quantile "
+                     "needs at least one.")
   q = jnp.asarray(q, x.dtype)
   concrete = _validation._concrete(q)  # pylint: disable=protected-access
   if concrete is not None and not np.all((concrete >= 0) & (concrete <= 1)):

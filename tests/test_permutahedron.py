@@ -268,6 +268,16 @@ def test_errors_name_the_argument():
     perm.soft_rank(x, regularizer="sigmoid")
   with pytest.raises(TypeError, match="floating"):
     perm.soft_rank(jnp.arange(5))
+  # shapes that do not broadcast, an empty axis (raw jax errors before)
+  batch = jnp.ones((2, 3))
+  with pytest.raises(ValueError, match="`regularization_strength` must be a scalar or broadcast"):
+    perm.soft_sort(batch, regularization_strength=jnp.ones(3))
+  with pytest.raises(ValueError, match="`w` must be a scalar or broadcast"):
+    perm.permutahedron_argmax(jnp.ones(3), jnp.ones(2))
+  with pytest.raises(ValueError, match="`x` has no entries along `axis`"):
+    perm.soft_quantile(jnp.ones((2, 0)), 0.5)
+  with pytest.raises(TypeError, match="`axis` must be an int"):
+    itk.soft_topk_mask(batch, 1.0, axis=1.0)
 
 
 def test_nan_rows_give_nan():
