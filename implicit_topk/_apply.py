@@ -196,8 +196,9 @@ def _solve(solver, rows, k, l, *, where=None, return_info=False, standardize=Non
     spread = _standardize.row_spread(layout, rows, where)
     rows = layout.map(_standardize.divide, rows, layout.expand(spread, rows))
   elif standardize is not None:
-    # the mask (degree 0): l s, which stays in range where s does; dividing the row costs
-    # its backward a reduction through s (+12% in graph at 16384 x 8, forward+backward)
+    # the mask (degree 0): l s, NaN rows where it leaves the strengths' range (documented;
+    # dividing the row instead would cost its backward a reduction through s: +12% in
+    # graph at 16384 x 8, forward+backward)
     l = l * _standardize.row_spread(layout, rows, where) ** standardize
   dtype, row_shape = layout.dtype(rows), layout.row_shape(rows)
   k_rows = jnp.broadcast_to(jnp.asarray(k, dtype), row_shape)

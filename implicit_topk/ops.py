@@ -143,8 +143,12 @@ def soft_topk_mask(
       operator solves with ``regularization_strength`` times the standard deviation
       of each row's finite entries, over ``where`` (SoftJAX's ``standardize``), so
       that the result does not depend on the scale of ``x``: ``soft_topk_mask(c * x
-      + b)`` equals ``soft_topk_mask(x)`` for every ``c > 0`` and ``b``. Gradients
-      flow through the standard deviation (``proofs/standardized_strength.md``).
+      + b)`` equals ``soft_topk_mask(x)`` for every ``c > 0`` and ``b`` while the
+      strength times the standard deviation stays in the range of strengths
+      (``[2^-126, 2^126)`` in float32 and the half types, ``[2^-1022, 2^1022)`` in
+      float64); beyond it the row is NaN (float32 rows of scale ``3e38``, or ``1e-37``
+      at strength 0.01). Gradients flow through the standard deviation
+      (``proofs/standardized_strength.md``).
       Default False: the strength is absolute.
     max_support: ``None`` (default) or an int ``m > k``: at most ``m`` nonzero
       entries per row, for any scale of ``x`` and any strength (a compute budget, e.g.
@@ -302,8 +306,10 @@ def segment_soft_topk_mask(
       operator solves with ``regularization_strength`` times the standard deviation
       of the finite entries of each segment (SoftJAX's ``standardize``),
       so that the result does not depend on the scale of ``x``: the mask is
-      invariant under ``x -> c * x + b`` for ``c > 0``. Gradients flow through the
-      standard deviation (``proofs/standardized_strength.md``). Default False: the
+      invariant under ``x -> c * x + b`` for ``c > 0`` while the strength times the
+      standard deviation stays in the range of strengths (as in
+      :func:`soft_topk_mask`; beyond it the segment is NaN). Gradients flow through
+      the standard deviation (``proofs/standardized_strength.md``). Default False: the
       strength is absolute.
     max_support: ``None`` (default) or an int ``m > k_S`` (for every segment): at
       most ``m`` nonzero entries per segment, for any scale of ``x`` and any strength.
@@ -426,9 +432,11 @@ def tree_soft_topk_mask(
       operator solves with ``regularization_strength`` times the standard deviation
       of the finite entries of all the leaves together (SoftJAX's
       ``standardize``), so that the result does not depend on the scale of ``x``:
-      the mask is invariant under ``x -> c * x + b`` for ``c > 0``. Gradients flow
-      through the standard deviation (``proofs/standardized_strength.md``). Default
-      False: the strength is absolute.
+      the mask is invariant under ``x -> c * x + b`` for ``c > 0`` while the strength
+      times the standard deviation stays in the range of strengths (as in
+      :func:`soft_topk_mask`; beyond it the mask is NaN). Gradients flow through the
+      standard deviation (``proofs/standardized_strength.md``). Default False: the
+      strength is absolute.
     max_support: ``None`` (default) or an int ``m > k``: at most ``m`` nonzero entries
       in the whole pytree, as :func:`soft_topk_mask`'s ``max_support`` on the
       concatenation of the flattened leaves (which it then builds: one copy of the
