@@ -30,7 +30,12 @@ Two solvers give the same blocks (``solver=``):
   (:mod:`implicit_topk.solvers.isotonic`): XLA sorts, then parallel PAV rounds that
   merge every violating pair of adjacent blocks at once. Works under ``jit``,
   ``vmap``, ``shard_map`` (each shard solves its own rows) and ``jax.export``, on any
-  backend.
+  backend. For ``p = 2`` and the entropy (block values in closed form) a round also
+  merges whole runs of violators; for other ``p`` each round merges pairs only, so a
+  long cascade takes many rounds: ``soft_rank`` at ``p = 4/3`` of 64 x 1000 standard
+  normal float32 entries took 93 rounds, 0.34 s forward on 2 CPU cores against 29 ms
+  with ``"pav"`` (64 x 10000: about 8 s forward and backward). On CPU use ``"pav"``
+  for such ``p``.
 * ``"pav"``: one compiled numba kernel per batch, an XLA custom call on CPU
   (:mod:`implicit_topk.kernels.cpu.pav_ffi`), sorts the rows (radix sort), runs sequential
   PAV and returns the block values, the block ids and the permutations. The fastest
