@@ -180,6 +180,14 @@ def soft_topk_mag(
     ValueError: concrete ``k`` outside ``[0, n]``, ``regularization_strength`` not
       finite and > 0, shapes that do not broadcast, an unknown ``solver``.
 
+  Limits of floating point: a fractional entry is resolved to the ulp of
+  :math:`|x_i|` (its :math:`t_i = |x_i| - \lambda`). With a strength far below the
+  row's natural scale :math:`|x|^{2-p}` (nearly hard) no float threshold may satisfy
+  the threshold's equation exactly, and solvers can differ by a whole entry
+  (``l = 1e-30``, ``k = 3.5`` on entries of order 1); ``return_info`` reports the
+  residual of such rows, and a larger strength, float64 or ``standardize=True``
+  resolves them (docs/operators.md, "Floating-point limits").
+
   Example:
     >>> import jax.numpy as jnp
     >>> import implicit_topk as itk
