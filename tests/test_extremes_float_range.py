@@ -302,3 +302,26 @@ def test_dense_regularizers_beside_an_entry_near_the_float_maximum(solver, regul
   reference = R.soft_topk_mask(x, 1.5, l=1.0, regularizer_name=regularizer)
   np.testing.assert_allclose(np.asarray(y), reference, rtol=0, atol=1e-12)
   assert float(info.residual) < 1e-12
+
+
+@pytest.mark.parametrize("solver", ["native", "threshold"])
+def test_binary_float32_row_near_the_maximum_has_zero_derivatives(solver):
+  """A binary float32 row of entries near 1.27e38 with a tie at the cut and a strength of
+  about 2 ulps of them (a case of ``test_sweep``): its flat root interval (0.68e31) is
+  narrower than an ulp of the threshold (7.6e30), so the CPU kernel stores the threshold
+  as two float32 numbers; stored as one offset from the row's maximum, its derivative
+  kernel saw the tied entries as fractional (+-3.3e-33 where the derivative is 0)."""
+  x = np.array([1.273036188450287e+38, 1.2730351743298068e+38, 1.273035985626191e+38,
+                1.273036188450287e+38, 1.273036289862335e+38, 1.2730354785659509e+38,
+                1.2730350729177588e+38, 1.273035579977999e+38, 1.273035681390047e+38,
+                1.273035884214143e+38, 3.1079448148252543e+38, 1.273035884214143e+38],
+               np.float32)
+  k, l = 7.0, np.float32(1.3532600776813296e+31)
+  fun = lambda v: itk.soft_topk_mask(v, k, regularization_strength=l, p=2.0, solver=solver)
+  y = np.asarray(fun(jnp.asarray(x)))
+  np.testing.assert_array_equal(y, exact_binary_mask(x.astype(np.float64), k, l))
+  w = jnp.asarray(np.random.default_rng(0).normal(size=x.shape), jnp.float32)
+  grad = np.asarray(jax.jit(jax.grad(lambda v: jnp.sum(w * fun(v))))(jnp.asarray(x)))
+  np.testing.assert_array_equal(grad, 0.0)
+  tangent = jax.jvp(fun, (jnp.asarray(x),), (w,))[1]
+  np.testing.assert_array_equal(np.asarray(tangent), 0.0)

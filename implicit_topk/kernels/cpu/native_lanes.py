@@ -48,7 +48,8 @@ from implicit_topk.kernels.cpu.native_threshold import (_ENTRY_LIMIT, _ONE_PASS_
                                                         _count_above, _gather_two_halves,
                                                         _midpoint, _newton, _safeguarded_step,
                                                         float64_entries, plain_step,
-                                                        refined_step, third_derivative)
+                                                        refined_step, store_threshold,
+                                                        third_derivative)
 
 #: Rows per block.
 BLOCK = 64
@@ -243,7 +244,8 @@ def write_results(x, k, b0, width, a, state, y, lam, passes, residual, shift):
   """Rows ``b0 + r`` of the kernel's results from the lanes: the mask at the lane's
   threshold, as :func:`~implicit_topk.kernels.cpu.native_threshold._write_finite_mask`
   writes it (the same values to the bit; ``|sum(y) - k|`` of the values as stored,
-  the sum reassociated as there), the threshold, the passes and the origin 0. Rows the
+  the sum reassociated as there), the threshold (as the pair ``shift + lam``:
+  :func:`~implicit_topk.kernels.cpu.native_threshold.store_threshold`), the passes. Rows the
   lanes did not take get values the per-row kernel overwrites. Only the sum is
   reassociated, so that it vectorizes: summed in row order it was one dependent chain
   of adds a row, 3.1 of the 13.0 ms of the mask kernel at 16384 x 256, k = 1, float32
@@ -265,7 +267,8 @@ def write_results(x, k, b0, width, a, state, y, lam, passes, residual, shift):
     for i in range(n):
       total += out[i]
     b = b0 + r
-    lam[b], passes[b], shift[b] = state[LAM, r], state[PASSES, r], 0.0
+    passes[b] = state[PASSES, r]
+    store_threshold(lam, shift, b, state[LAM, r], 0.0)
     residual[b] = abs(total - float(k[b]))
 
 

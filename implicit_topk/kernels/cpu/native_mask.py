@@ -15,15 +15,17 @@ from numba import carray, njit
 from implicit_topk.kernels.cpu import abi, native_lanes, threads
 from implicit_topk.kernels.cpu.native_threshold import (_OPTIONS, _all_finite, _solve_row,
                                                         _write_mask, snap_candidate, snap_to_entry,
-                                                        within_snap)
+                                                        store_threshold, within_snap)
 
 
 @njit(**_OPTIONS)
 def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift, lanes=True):
   """Every row of ``x`` (rows, n): its threshold into ``lam``, its mask into ``y``,
   the Newton passes into ``passes``, ``|sum(y) - k|`` (of ``y`` as stored) into
-  ``residual`` and the origin of ``lam`` into ``shift`` (the row's largest finite
-  entry where it is far from 0 relative to ``l``, else 0). ``lam + shift`` is the
+  ``residual`` and the threshold as the pair ``shift + lam`` of the output dtype
+  (:func:`~implicit_topk.kernels.cpu.native_threshold.store_threshold`: ``shift`` the
+  nearest float to it, ``lam`` the rest; the iteration ran relative to the row's
+  largest finite entry where it is far from 0 relative to ``l``). ``lam + shift`` is the
   threshold of the row ``x 2^-E`` with strength ``l 2^-E``: ``E`` is 0 for every row
   away from the ends of the float range (then the threshold of the row as given), and
   for float64 rows at them the exponent of the exact rescaling of
@@ -60,7 +62,7 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift, lanes
         if (taken >> r) & 1 and within_snap(state[native_lanes.LAM, r],
                                             state[native_lanes.NEAREST, r], float(l[b]), tol):
           _snap(x[b], n, state[native_lanes.LAM, r], state[native_lanes.NEAREST, r],
-                float(l[b]), float(k[b]), kind, a, 0.0, tol, y[b], lam, residual, b)
+                float(l[b]), float(k[b]), kind, a, 0.0, tol, y[b], lam, shift, residual, b)
     if taken == native_lanes.every_lane(width):
       continue
     for b in range(b0, b0 + width):
@@ -71,22 +73,25 @@ def capped_simplex_rows(x, k, l, kind, a, y, lam, passes, residual, shift, lanes
       lb, kb = float(l[b]), float(k[b])
       value, it, origin, residual[b] = _solve_row(x[b], n, kb, lb, kind, a, tol, root_eps,
                                                   work, scratch, guess, y[b])
-      lam[b], passes[b], shift[b] = value, it, origin
+      passes[b] = it
+      store_threshold(lam, shift, b, value, origin)
       nearest = snap_candidate(x[b], n, value, lb, kind, origin, tol)
       if nearest == nearest:
-        _snap(x[b], n, value, nearest, lb, kb, kind, a, origin, tol, y[b], lam, residual, b)
+        _snap(x[b], n, value, nearest, lb, kb, kind, a, origin, tol, y[b], lam, shift,
+              residual, b)
   return 0
 
 
 @njit(**_OPTIONS)
-def _snap(row, n, value, nearest, lb, kb, kind, a, origin, tol, out, lam, residual, b):
+def _snap(row, n, value, nearest, lb, kb, kind, a, origin, tol, out, lam, shift, residual, b):
   """Row ``b``'s threshold ``value`` snapped to the entry ``nearest`` where
   :func:`~implicit_topk.kernels.cpu.native_threshold.snap_to_entry` takes it: its mask
   rewritten, its threshold and residual stored."""
   value, moved = snap_to_entry(row, n, value, nearest, lb, kb, kind, a, origin, tol)
   if moved:
     total = _write_mask(row, n, value, lb, kind, a, origin, _all_finite(row, n), out)
-    lam[b], residual[b] = value, abs(total - kb)
+    store_threshold(lam, shift, b, value, origin)
+    residual[b] = abs(total - kb)
 
 
 # -- the FFI handlers: (x (..., n), k (...), l (...)) with attributes a (float64) and

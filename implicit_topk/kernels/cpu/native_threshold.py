@@ -855,6 +855,18 @@ def _write_mask_of(row, n, lam, l, kind, a, origin, finite, out):
   return total
 
 
+@njit(inline="always", **_OPTIONS)
+def store_threshold(lam, shift, b, value, origin):
+  """Stores row ``b``'s threshold ``origin + value`` (float64) as the pair
+  ``shift[b] + lam[b]`` of the output dtype: ``shift`` the nearest float of that dtype to
+  the threshold, ``lam`` the rest. The derivative kernels read ``lam + shift`` in float64,
+  so they see the threshold to about twice the dtype's precision: a float32 row of
+  entries near 1e38 whose flat root interval (a binary mask) is narrower than an ulp of
+  the threshold keeps its threshold inside it, and its derivatives 0."""
+  shift[b] = origin + value
+  lam[b] = (origin - np.float64(shift[b])) + value
+
+
 @njit(**_OPTIONS)
 def snap_candidate(row, n, lam, l, kind, origin, tol):
   r"""The entry a threshold ``lam`` (relative to ``origin``) may snap to, or NaN: one
