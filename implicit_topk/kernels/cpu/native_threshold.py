@@ -864,7 +864,10 @@ def store_threshold(lam, shift, b, value, origin):
   entries near 1e38 whose flat root interval (a binary mask) is narrower than an ulp of
   the threshold keeps its threshold inside it, and its derivatives 0."""
   shift[b] = origin + value
-  lam[b] = (origin - np.float64(shift[b])) + value
+  if abs(np.float64(shift[b])) < np.inf:
+    lam[b] = (origin - np.float64(shift[b])) + value
+  else:  # not finite in the output dtype (+-inf rows, NaN, beyond float32): as computed
+    lam[b], shift[b] = value, origin
 
 
 @njit(**_OPTIONS)
