@@ -169,8 +169,8 @@ class Magnitude:
 
     ``|x_i| = inf`` entries are kept and use up ``k``; with ``k_f = k - #inf``:
     NaN in the row, ``k_f < 0`` or ``k`` above the row's length: NaN; ``k_f = 0``: every
-    finite entry is 0 (``lam = max_finite + l``); at most ``k_f`` finite nonzero entries: ``lam = 0``
-    (output = x). ``hi = max_finite s`` (F(hi) = -k_f hi < 0) and
+    finite entry is 0 (``lam = max_finite + l``); at most ``k_f`` finite nonzero
+    entries: ``lam = 0`` (output = x). ``hi = max_finite s`` (F(hi) = -k_f hi < 0) and
     ``lo = min(m / 2, g(m / (2 l)))``, ``m`` the smallest nonzero finite ``s``:
     ``h(lo) <= m``, so every nonzero entry is saturated at ``lo`` and F(lo) > 0
     (``lo`` can underflow to 0; the iteration then bisects arithmetically).
