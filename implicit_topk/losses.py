@@ -778,9 +778,13 @@ def soft_error_loss(logits: ArrayLike, labels: ArrayLike, *,
   logits = _validation.as_float_input(logits, "logits")
   labels = _check_labels(labels, logits)
   _validation.check_choice(reduction, "reduction", REDUCTIONS)
-  ranks = permutahedron.soft_rank(logits, regularization_strength=l, p=p, regularizer=regularizer)
+  # ranks in the compute dtype: rounded to bfloat16 first, a rank near n would cancel in
+  # n - r (299 -> 300 at n = 300: the loss 0 and its gradient 0)
+  dtype = _validation.compute_dtype(logits.dtype)
+  ranks = permutahedron.soft_rank(logits.astype(dtype), regularization_strength=l, p=p,
+                                  regularizer=regularizer)
   true_rank = jnp.take_along_axis(ranks, labels[..., None], axis=-1)[..., 0]
-  return _reduce(jax.nn.relu(logits.shape[-1] - true_rank), reduction)
+  return _reduce(jax.nn.relu(logits.shape[-1] - true_rank), reduction).astype(logits.dtype)
 
 
 __all__ = ["topk_cross_entropy", "topk_fenchel_young_loss", "smooth_topk_svm_loss", "soft_error_loss"]

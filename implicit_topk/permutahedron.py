@@ -746,13 +746,16 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, *,
   if x.shape[axis] == 0:
     raise ValueError(f"`x` has no entries along `axis`={axis} (shape {x.shape}): a quantile "
                      "needs at least one.")
-  q = jnp.asarray(q, x.dtype)
+  # the level, its position and the interpolation in the compute dtype: a level rounded
+  # to bfloat16 (0.999 -> 1.0) or a position beyond 256 in it picks the wrong statistic
+  dtype = _validation.compute_dtype(x.dtype)
+  q = jnp.asarray(q, dtype)
   concrete = _validation._concrete(q)  # pylint: disable=protected-access
   if concrete is not None and not np.all((concrete >= 0) & (concrete <= 1)):
     raise ValueError(f"`q` must lie in [0, 1]; got {q!r}.")
   # the sorted axis first: (n, *batch), so that the levels' gathers give q.shape + batch
   sorted_x = jnp.moveaxis(soft_sort(x, regularization_strength=l, p=p, regularizer=regularizer,
-                                    axis=axis, solver=solver), axis, 0)
+                                    axis=axis, solver=solver), axis, 0).astype(dtype)
   n, batch = sorted_x.shape[0], sorted_x.shape[1:]
   position = q * (n - 1)
   lower = jnp.clip(jnp.floor(position).astype(jnp.int32), 0, n - 1)
@@ -762,4 +765,4 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, *,
   quantiles = pick(lower) * (1 - frac) + pick(upper) * frac
   # a traced level outside [0, 1] (or NaN): NaN, not an extrapolated or clipped value
   valid = ((q >= 0) & (q <= 1)).reshape(q.shape + (1,) * len(batch))
-  return jnp.where(valid, quantiles, jnp.nan)
+  return jnp.where(valid, quantiles, jnp.nan).astype(x.dtype)

@@ -15,6 +15,8 @@ import pytest
 import implicit_topk as itk
 from implicit_topk.kernels.gpu import pallas_threshold
 
+import references
+
 RNG = np.random.default_rng(18)
 X = jnp.asarray(RNG.normal(size=(3, 6)))
 LABELS = jnp.array([0, 4, 2])
@@ -186,6 +188,48 @@ def test_soft_quantile_levels_first_then_batch():
   # differentiable with the new layout
   g = jax.grad(lambda x: jnp.sum(itk.soft_quantile(x, q)[1]))(x)
   assert g.shape == x.shape and np.all(np.isfinite(g))
+
+
+def _consecutive_half_floats(dtype, n, first=1.0):
+  """``n`` increasing floats of a 16-bit dtype: consecutive bit patterns from ``first``."""
+  start = np.asarray(first, dtype).view(np.uint16)
+  return (start + np.arange(n, dtype=np.uint16)).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_soft_quantile_of_half_inputs_picks_the_right_order_statistic(dtype):
+  # (the level and its position q (n - 1) were rounded to x's dtype: bfloat16(0.999) =
+  # 1.0 gave the maximum, and the position 2571 read 2560 in bfloat16, 2570 in float16)
+  dtype = jnp.dtype(dtype)
+  steps = np.where(np.arange(3001) < 2571, 0.0, 100.0).astype(dtype)  # statistic 2571: 100
+  got = itk.soft_quantile(jnp.asarray(steps), 0.857, regularization_strength=1e-3)
+  assert got.dtype == dtype and float(got) == 100.0
+  rng = np.random.default_rng(7)
+  x = rng.permutation(_consecutive_half_floats(dtype, 1000))  # distinct: the sort is exact
+  levels = np.array([0.1, 0.257, 0.9, 0.99, 0.999])
+  got = np.asarray(itk.soft_quantile(jnp.asarray(x), jnp.asarray(levels),
+                                     regularization_strength=1e-6), np.float64)
+  expected = np.quantile(x.astype(np.float64), levels).astype(dtype).astype(np.float64)
+  np.testing.assert_array_equal(got, expected)
+
+
+def test_soft_error_loss_of_bfloat16_logits_is_not_cancelled_by_rounded_ranks():
+  # (the ranks were rounded to bfloat16 before n - r: a rank of 299 read 300 at n = 300,
+  # the loss of the second-ranked label 0 and its gradient 0)
+  bfloat16 = jnp.dtype("bfloat16")
+  n, label, strength = 300, 298, 0.01
+  top = np.array([1.0, 1.0 + 2**-7, 1.0 + 2**-6], bfloat16)  # pooled by the strength
+  logits = np.concatenate([-_consecutive_half_floats(bfloat16, n - 3, first=2.0), top])
+  wide = logits.astype(np.float64)
+  loss = lambda z: n - references.soft_rank(z, strength)[label]
+  got, grad = jax.value_and_grad(lambda z: itk.soft_error_loss(
+      z[None], jnp.array([label]), regularization_strength=strength)[0])(jnp.asarray(logits))
+  assert got.dtype == bfloat16 and grad.dtype == bfloat16
+  np.testing.assert_allclose(float(got), loss(wide), rtol=2**-8)
+  h = 1e-6
+  fd = np.array([(loss(wide + h * e) - loss(wide - h * e)) / (2 * h) for e in np.eye(n)[-8:]])
+  assert np.abs(fd).max() > 10  # the label shares a block: its gradient is not 0
+  np.testing.assert_allclose(np.asarray(grad, np.float64)[-8:], fd, rtol=2**-7, atol=1e-2)
 
 
 def test_soft_quantile_traced_levels_outside_0_1_give_nan():
