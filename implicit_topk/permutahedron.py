@@ -296,7 +296,7 @@ def _sorted_argmax(values, ids, s, w, l, scale, regularizer, *, w_is_ranks=False
       if s_is_ranks:  # d_i = -(i - f) / l: the mean -(|B| - 1) / (2 l)
         d_mean = -_quotient.quotient((count - 1) / 2, l_)
       else:
-        d_mean = block_sums(d) / count
+        d_mean = block_mean(d)
       t = w_mean - d_mean
     else:
       t = _block_roots(lambda z: link(z, l_), lambda r: link_inverse(r, l_), d, guess,
