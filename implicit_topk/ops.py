@@ -191,9 +191,11 @@ def soft_topk_mask(
   Limits of floating point: the mask is computed on ``x`` minus its row's largest
   finite entry (shift invariance), so ``|x| / l`` may be as large as the format
   allows. An entry that shares the fractional mass is resolved to the ulp of its
-  distance from that maximum: when that distance exceeds ``l / eps`` (e.g. ``x =
-  (1e308, -1e308)``, ``k = 1.5``, ``l = 1``) no float threshold gives ``sum y = k``;
-  ``return_info`` then reports the residual ``|sum_i y_i - k|`` (> 0). Under ``jit``
+  distance from that maximum: when that distance exceeds ``l / eps`` the mask need
+  not sum to ``k`` (``x = (1e308, -1e308)``, ``k = 1.5``, ``l = 1``: no float threshold
+  does; ``x = (2, 1e308, -1.1, 0.9)``, ``k = 2.5``, ``l = 1.3``: the threshold 0.4
+  does, but relative to 1e308 the row gives ``(0, 1, 0, 0)``); ``return_info`` then
+  reports the residual ``|sum_i y_i - k|`` (> 0). Under ``jit``
   with traced ``k`` or ``l``, values are not checked: ``l <= 0``, ``k`` outside
   ``[0, n]`` or, with ``max_support``, ``k >= max_support`` give NaN rows.
 
