@@ -82,6 +82,25 @@ def test_an_entry_exactly_at_the_threshold_gets_exactly_zero(n, p):
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-7 if dtype == jnp.float32 else 1e-15)
 
 
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_a_long_float32_row_is_not_snapped_away_from_its_root(n):
+  """The snap moves a threshold onto an entry only if the mask there sums to k to the
+  rounding of an exact root. Its allowance was a float32 sum's worst case, n 4 eps32 k
+  (24 at n = 1e4, k = 5000), and took an entry 7 float32 ulps above the root of a row of
+  entries 1000 + N(0, 1): the mask summed to k - 1.66 at n = 1e4. Against a
+  float64 bisection with exact sums (math.fsum) on the same rounded entries."""
+  import math
+  x = (1000 + np.random.default_rng(1).normal(size=n)).astype(np.float32)
+  k, wide = n // 2, x.astype(np.float64)
+  mask = lambda lam: np.minimum(1, np.maximum(wide - lam, 0) ** 3)  # p = 4/3, l = 1
+  lo, hi = wide.min() - 1, wide.max()
+  while (mid := 0.5 * (lo + hi)) not in (lo, hi):
+    lo, hi = (mid, hi) if math.fsum(mask(mid)) > k else (lo, mid)
+  y = np.asarray(itk.soft_topk_mask(jnp.asarray(x), k, solver="native"), np.float64)
+  np.testing.assert_allclose(y, mask(lo), rtol=0, atol=4 * 2.0**-24)
+  assert abs(math.fsum(y) - k) <= 1e-4
+
+
 @pytest.mark.parametrize("reg,p", REGULARIZERS)
 @given(data=st.data())
 @FAST

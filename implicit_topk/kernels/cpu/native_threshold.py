@@ -912,8 +912,11 @@ def within_snap(lam, nearest, l, tol):
 def snap_to_entry(row, n, lam, nearest, l, k, kind, a, origin, tol):
   """``(threshold, moved)``: the candidate ``nearest`` of :func:`snap_candidate` where
   the mask there sums to ``k`` at least as closely as the mask at ``lam``, or to the
-  rounding of the sum, ``n tol max(k, 1)`` (both written by :func:`_write_mask` in the
-  row's dtype), else ``lam`` (``proofs/snap_to_entry.md``).
+  rounding of an exact root's sum, ``(tol + n eps64) max(k, 1)`` (both written by
+  :func:`_write_mask` in the row's dtype, each entry rounded by at most ``tol / 8`` of
+  itself, and summed in float64), else ``lam`` (``proofs/snap_to_entry.md``). (``n tol
+  max(k, 1)``, a float32 sum's bound, took entries 7 float32 ulps away on long float32
+  rows: a row of 1e4 entries 1000 + N(0, 1), k = 5000, summed to k - 1.66.)
   Not float64 rows at the ends of the float range (solved rescaled: ``lam`` is not in
   the row's units)."""
   largest, finite = 0.0, True
@@ -926,7 +929,7 @@ def snap_to_entry(row, n, lam, nearest, l, k, kind, a, origin, tol):
   here = abs(_write_mask(row, n, lam, l, kind, a, origin, finite, spare) - k)
   there = abs(_write_mask(row, n, nearest, l, kind, a, origin, finite, spare) - k)
   # (an exact root can sum to k only to the rounding of n terms: 1/3 + 2/3 + 1 = 2 - 2^-52)
-  return (nearest, True) if there <= max(here, n * tol * max(k, 1.0)) else (lam, False)
+  return (nearest, True) if there <= max(here, (tol + n * _EPS64) * max(k, 1.0)) else (lam, False)
 
 
 @njit(cache=True, error_model="numpy", fastmath={"reassoc"})
