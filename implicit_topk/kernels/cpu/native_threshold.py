@@ -928,7 +928,8 @@ def snap_to_entry(row, n, lam, nearest, l, k, kind, a, origin, tol):
   spare = np.empty(n, row.dtype)  # (rare: only where an entry lies that close)
   here = abs(_write_mask(row, n, lam, l, kind, a, origin, finite, spare) - k)
   there = abs(_write_mask(row, n, nearest, l, kind, a, origin, finite, spare) - k)
-  # (an exact root can sum to k only to the rounding of n terms: 1/3 + 2/3 + 1 = 2 - 2^-52)
+  # (an exact root sums to k only to the rounding of its entries and of their float64 sum:
+  # 1/3 + 2/3 + 1 = 2 - 2^-52)
   return (nearest, True) if there <= max(here, (tol + n * _EPS64) * max(k, 1.0)) else (lam, False)
 
 
