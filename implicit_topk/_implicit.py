@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 BACKENDS = ("lax", "jaxopt")
@@ -70,6 +71,23 @@ def _varying_axes(aval) -> frozenset:
   return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
 
 
+def _hoisted(fun: Callable, init, args: tuple):
+  """``(f, operands)``: ``f(init, *operands)`` computes ``fun(init, *args)``, with ``args``
+  and every array ``fun`` closes over (traced ones included) in ``operands``, so that ``f``
+  closes over no array."""
+  closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(init, *args)
+  flat_args = jax.tree.leaves(args)
+  consts = list(closed.consts)
+  n_args = len(flat_args)
+
+  def f(root, *operands):
+    flat = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(
+        closed.jaxpr, list(operands[n_args:])))(*jax.tree.leaves(root), *operands[:n_args])
+    return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
+
+  return f, (*flat_args, *consts)
+
+
 def implicit_root(
     solver_fun: Callable[..., tuple[jax.Array, Any]],
     optimality_fun: Callable[..., jax.Array],
@@ -96,10 +114,17 @@ def implicit_root(
     # Lazy: jaxopt is unmaintained and warns (DeprecationWarning) when imported.
     from jaxopt import implicit_diff as jaxopt_implicit_diff  # pylint: disable=g-import-not-at-top
 
+    # jaxopt's custom_root is a custom_vjp, whose backward pass may not close over traced
+    # arrays (a Segments layout's segment_ids, bound inside the traced computation): they
+    # become explicit arguments of both functions.
+    optimality, consts = _hoisted(optimality_fun, init, args)
+    solver, solver_consts = _hoisted(solver_fun, init, args)
+    count = len(consts)
     decorated = jaxopt_implicit_diff.custom_root(
-        optimality_fun, has_aux=True, solve=diagonal_solve
-    )(solver_fun)
-    root, aux = decorated(init, *args)
+        lambda root, *rest: optimality(root, *rest[:count]), has_aux=True,
+        solve=diagonal_solve,
+    )(lambda guess, *rest: solver(guess, *rest[count:]))
+    root, aux = decorated(init, *consts, *solver_consts)
     return root, jax.lax.stop_gradient(aux)
   if backend == "lax":
     return jax.lax.custom_root(

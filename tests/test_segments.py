@@ -109,6 +109,37 @@ def test_segment_gradients_match_finite_differences():
   np.testing.assert_allclose(grads[2], fd(lambda t: loss(args[0], args[1], t), 0.4), atol=1e-6)
 
 
+# the backend imports jaxopt, which warns that it is unmaintained (expected here)
+@pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
+def test_jaxopt_backend_gradients_equal_the_lax_backends():
+  # (jaxopt's custom_vjp closed over the traced segment ids: "No constant handler for type
+  # DynamicJaxprTracer" under jax.grad; the lax backend's gradients match central
+  # differences in the test above)
+  x, ids, k = _segments(2)
+  w = jnp.asarray(np.random.default_rng(3).normal(size=x.size))
+  tree = lambda z: {"a": z[:12], "b": z[12:]}
+
+  def losses(backend):
+    kw = dict(regularization_strength=0.4, implicit_diff_backend=backend)
+    return {
+        "segment": lambda z, k_: jnp.sum(w * itk.segment_soft_topk_mask(
+            z, ids, k_, num_segments=len(SIZES), **kw)),
+        "tree mask": lambda z, k_: jnp.sum(w * jnp.concatenate(jax.tree.leaves(
+            itk.tree_soft_topk_mask(tree(z), k_[3] + 2.0, **kw)))),
+        "tree mag": lambda z, k_: jnp.sum(w * jnp.concatenate(jax.tree.leaves(
+            itk.tree_soft_topk_mag(tree(z), k_[3] + 2.0, **kw)))),
+    }
+
+  args = (jnp.asarray(x), jnp.asarray(k))
+  for name, loss in losses("jaxopt").items():
+    want = jax.grad(losses("lax")[name], argnums=(0, 1))(*args)
+    assert np.abs(np.asarray(want[0])).max() > 1e-2, name
+    for got in (jax.grad(loss, argnums=(0, 1))(*args),
+                jax.jit(jax.grad(loss, argnums=(0, 1)))(*args)):
+      for g, v in zip(got, want):
+        np.testing.assert_allclose(g, v, atol=1e-12, err_msg=name)
+
+
 @pytest.mark.slow
 def test_segment_gradients_match_the_per_segment_operator():
   loss, args, ids, w = _segment_loss()
