@@ -34,6 +34,8 @@ EXPONENT = {2.0: 1, 1.5: 2, 4.0 / 3.0: 3}  # a = 1/(p-1)
 # the default (the native CPU kernel here), the pure-JAX iteration, PAV, the GPU kernel's
 # program (Pallas interpret mode on this CPU)
 SOLVERS = ("auto", "threshold", "pav", "pallas")
+MASK_LENGTHS = (6, 8, 16, 24)  # rows drawn at these lengths, checked padded to the last
+MAGNITUDE_LENGTHS = (4, 6, 8, 12)
 
 
 def exact_mask(x, lam, l, a):
@@ -54,7 +56,7 @@ def magnitude_cases(rng, count):
     F(s_j) = sum_i min(s_j, g((s_i - s_j)_+ / l)) - k s_j = 0 exactly, some magnitude above."""
     cases = []
     while len(cases) < count:
-        n = int(rng.choice([4, 6, 8, 12]))
+        n = int(rng.choice(MAGNITUDE_LENGTHS))
         x = [int(v) for v in rng.integers(-6, 7, size=n)]
         k = Fraction(int(rng.integers(1, 2 * n - 1)), 2)
         l = Fraction(int(rng.integers(1, 5)), 2)
@@ -72,7 +74,7 @@ def main():
     rng = np.random.default_rng(7)
     cases = []
     for _ in range(4000):
-        n = int(rng.choice([6, 8, 16, 24]))
+        n = int(rng.choice(MASK_LENGTHS))
         x = [int(v) for v in rng.integers(-4, 5, size=n)]
         k = Fraction(int(rng.integers(1, 7)), 2)
         l = Fraction(int(rng.integers(1, 9)), 2)
@@ -90,6 +92,10 @@ def main():
     checked = 0
     for x, k, l, p, lam in cases:
         a = EXPONENT[p]
+        # padded to one length with entries far below (mass exactly 0, the same threshold):
+        # one compilation per solver, p and dtype instead of one per row length as well
+        n = len(x)
+        x = x + [-100] * (MASK_LENGTHS[-1] - n)
         want = np.array([float(v) for v in exact_mask(x, lam, l, a)])
         at_or_below = np.array(x, dtype=float) <= float(lam)
         for dtype, tol in ((jnp.float64, 1e-12), (jnp.float32, 1e-6)):
@@ -97,7 +103,7 @@ def main():
             got = [itk.soft_topk_mask(xs, float(k), regularization_strength=float(l), p=p,
                                       solver=solver) for solver in SOLVERS]
             m = int(np.sum(np.array(x) > float(lam)))  # the support; a budget above it never binds
-            if float(k) < m < len(x) - 1:
+            if float(k) < m < n - 1:
                 got.append(itk.soft_topk_mask(xs, float(k), regularization_strength=float(l), p=p,
                                               max_support=m + 1))
             for y in got:
@@ -119,6 +125,7 @@ def main():
     checked = 0
     for x, k, l, p, lam in magnitude_cases(rng, 120):
         a = EXPONENT[p]
+        x = x + [0] * (MAGNITUDE_LENGTHS[-1] - len(x))  # zeros: output 0, the same threshold
         t = [max(Fraction(abs(v)) - lam, Fraction(0)) for v in x]
         want = np.array([float(np.sign(v) * min(abs(v), u + (u / l) ** a)) for v, u in zip(x, t)])
         at_or_below = np.abs(np.array(x, dtype=float)) <= float(lam)
