@@ -117,14 +117,14 @@ def implicit_root(
     # jaxopt's custom_root is a custom_vjp, whose backward pass may not close over traced
     # arrays (a Segments layout's segment_ids, bound inside the traced computation): they
     # become explicit arguments of both functions.
-    optimality, consts = _hoisted(optimality_fun, init, args)
-    solver, solver_consts = _hoisted(solver_fun, init, args)
-    count = len(consts)
+    optimality, operands = _hoisted(optimality_fun, init, args)
+    solver, solver_operands = _hoisted(solver_fun, init, args)
+    count = len(operands)
     decorated = jaxopt_implicit_diff.custom_root(
         lambda root, *rest: optimality(root, *rest[:count]), has_aux=True,
         solve=diagonal_solve,
     )(lambda guess, *rest: solver(guess, *rest[count:]))
-    root, aux = decorated(init, *consts, *solver_consts)
+    root, aux = decorated(init, *operands, *solver_operands)
     return root, jax.lax.stop_gradient(aux)
   if backend == "lax":
     return jax.lax.custom_root(
