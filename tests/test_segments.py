@@ -110,6 +110,7 @@ def test_segment_gradients_match_finite_differences():
 
 
 # the backend imports jaxopt, which warns that it is unmaintained (expected here)
+@pytest.mark.slow  # three operators, two backends: 33 s of a worker in CI
 @pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained:DeprecationWarning")
 def test_jaxopt_backend_gradients_equal_the_lax_backends():
   # (jaxopt's custom_vjp closed over the traced segment ids: "No constant handler for type
@@ -134,8 +135,9 @@ def test_jaxopt_backend_gradients_equal_the_lax_backends():
   for name, loss in losses("jaxopt").items():
     want = jax.grad(losses("lax")[name], argnums=(0, 1))(*args)
     assert np.abs(np.asarray(want[0])).max() > 1e-2, name
-    for got in (jax.grad(loss, argnums=(0, 1))(*args),
-                jax.jit(jax.grad(loss, argnums=(0, 1)))(*args)):
+    grad = jax.grad(loss, argnums=(0, 1))
+    # under jit for all, eagerly (where the crash was seen) for the segment operator
+    for got in [jax.jit(grad)(*args)] + ([grad(*args)] if name == "segment" else []):
       for g, v in zip(got, want):
         np.testing.assert_allclose(g, v, atol=1e-12, err_msg=name)
 
